@@ -1,0 +1,64 @@
+"""Checks for the exercises: say what is right, or what is off and by how much.
+
+An exercise in a notebook looks like this:
+
+    def weighted_average(grads, sizes):      # the learner's cell
+        raise NotImplementedError
+
+    check.exercise("weighted average", lambda: check.close(weighted_average(g, n), reference))
+
+A learner who has not written the answer yet sees "not attempted"; a wrong answer shows
+what was expected; a hidden solution cell below runs the same check, so the notebook
+itself proves that the exercise can be solved.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+
+class CheckFailed(AssertionError):
+    """An exercise answer is not right yet; the message says how it differs."""
+
+
+def _as_tensor(value: Any) -> torch.Tensor:
+    return value.detach().cpu() if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+
+
+def close(actual: Any, expected: Any, what: str = "your answer", atol: float = 1e-6, rtol: float = 1e-5) -> None:
+    """Raise CheckFailed unless `actual` matches `expected` (numbers, lists or tensors)."""
+    got, want = _as_tensor(actual).double(), _as_tensor(expected).double()
+    if got.shape != want.shape:
+        raise CheckFailed(f"{what}: shape {tuple(got.shape)}, expected {tuple(want.shape)}")
+    if not torch.allclose(got, want, atol=atol, rtol=rtol):
+        gap = (got - want).abs().max().item()
+        raise CheckFailed(f"{what}: differs from the expected value by up to {gap:.3g} (tolerance {atol:g} + {rtol:g}·|x|)")
+
+
+def equal(actual: Any, expected: Any, what: str = "your answer") -> None:
+    """Raise CheckFailed unless `actual == expected` exactly."""
+    if isinstance(actual, torch.Tensor) or isinstance(expected, torch.Tensor):
+        same = torch.equal(_as_tensor(actual), _as_tensor(expected))
+    else:
+        same = actual == expected
+    if not same:
+        raise CheckFailed(f"{what}: got {actual!r}, expected {expected!r}")
+
+
+def exercise(name: str, test: Callable[[], Any]) -> bool:
+    """Run an exercise's test and say how it went. Returns True when it passes.
+
+    NotImplementedError means "not attempted yet" and is not an error; a wrong answer
+    raises CheckFailed, so a notebook run top to bottom stops on it.
+    """
+    try:
+        test()
+    except NotImplementedError:
+        print(f"○ {name}: not attempted yet. Write your answer above and run this cell again.")
+        return False
+    except CheckFailed as failure:
+        print(f"✗ {name}: not yet. {failure}")
+        raise
+    print(f"✓ {name}: correct.")
+    return True

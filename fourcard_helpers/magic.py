@@ -1,0 +1,63 @@
+"""The `%%torchrun` cell magic: the cell body is a complete script, run on N ranks.
+
+    %%torchrun -n 4 --timeout 60 --save scripts/train.py --result run -- --epochs 2
+    import torch.distributed as dist
+    ...
+
+The cell's value is the LaunchResult, so the next cell can read it as `_` (or as `run`
+when `--result run` is given). `--save` keeps the script as a file that runs unchanged
+from a terminal with `torchrun --nproc-per-node=4 scripts/train.py`.
+"""
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Any
+
+from IPython.core.magic import Magics, cell_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from .cards import CardsError
+from .launch import LaunchError, LaunchResult, torchrun
+
+
+@magics_class
+class TorchrunMagics(Magics):
+    """Holds the `%%torchrun` magic."""
+
+    @magic_arguments()
+    @argument("-n", "--nproc", type=int, default=4, help="ranks to start (default 4)")
+    @argument("--timeout", type=float, default=600, help="seconds before every rank is stopped")
+    @argument("--save", default=None, help="also write the script to this file and run it from there")
+    @argument("--result", default=None, help="store the LaunchResult under this name")
+    @cell_magic
+    def torchrun(self, line: str, cell: str) -> LaunchResult:
+        """Run the cell as a script on N ranks with torchrun; everything after `--` goes to the script."""
+        __tracebackhide__ = True  # noqa: F841
+        words = shlex.split(line)
+        script_args = words[words.index("--") + 1:] if "--" in words else []
+        options = parse_argstring(self.torchrun, shlex.join(words[: words.index("--")] if "--" in words else words))
+        script: str | Path = cell
+        if options.save:
+            path = Path(options.save)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(cell, encoding="utf-8")
+            script = path
+        result = torchrun(script, nproc=options.nproc, args=script_args, timeout=options.timeout)
+        if options.result:
+            self.shell.user_ns[options.result] = result
+        return result
+
+
+def _show_error(shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: int | None = None) -> list[str]:
+    """Show a failed launch as its message alone: the ranks' traceback is in it already,
+    and the kernel-side frames (this package, IPython) would only bury it."""
+    stb = [f"\x1b[31m{etype.__name__}\x1b[0m: {value}"]
+    shell._showtraceback(etype, value, stb)
+    return stb
+
+
+def register(ipython: Any) -> None:
+    """Register the magic and the error display with an IPython shell."""
+    ipython.register_magics(TorchrunMagics)
+    ipython.set_custom_exc((LaunchError, CardsError), _show_error)

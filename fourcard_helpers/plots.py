@@ -1,0 +1,59 @@
+"""Figures the lessons share. Each returns its matplotlib Figure and keeps PNGs small."""
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import matplotlib.pyplot as plt
+import torch
+from matplotlib.figure import Figure
+
+DPI = 80  # stored notebooks carry their figures; 80 dpi keeps each PNG in the tens of KB
+CARD_COLOURS = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C")
+
+
+def show_digits(images: torch.Tensor, labels: Sequence[int], predictions: Sequence[int] | None = None,
+                columns: int = 8, title: str | None = None) -> Figure:
+    """A grid of digits with their labels (and predictions, red where wrong)."""
+    count = len(images)
+    rows = (count + columns - 1) // columns
+    fig, axes = plt.subplots(rows, columns, figsize=(columns * 0.9, rows * 1.05), dpi=DPI, squeeze=False)
+    for index, ax in enumerate(axes.flat):
+        ax.axis("off")
+        if index >= count:
+            continue
+        ax.imshow(images[index].reshape(28, 28).cpu(), cmap="gray_r")
+        text, colour = f"{int(labels[index])}", "black"
+        if predictions is not None:
+            text += f" → {int(predictions[index])}"
+            colour = "black" if int(predictions[index]) == int(labels[index]) else "red"
+        ax.set_title(text, fontsize=9, color=colour)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def timeline(events: Iterable[tuple[str, float, float, str]], title: str = "", xlabel: str = "time",
+             colours: dict[str, str] | None = None) -> Figure:
+    """A Gantt chart: one row per lane (a card, a loader...), one bar per (lane, start, end, kind).
+
+    Lanes are drawn top to bottom in the order they first appear; kinds get a legend.
+    """
+    events = list(events)
+    lanes = list(dict.fromkeys(lane for lane, *_ in events))
+    kinds = list(dict.fromkeys(kind for *_, kind in events))
+    palette = {kind: CARD_COLOURS[i % len(CARD_COLOURS)] for i, kind in enumerate(kinds)}
+    palette.update(colours or {})
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(lanes) + 1.2), dpi=DPI)
+    for lane, start, end, kind in events:
+        ax.barh(lanes.index(lane), end - start, left=start, color=palette[kind], edgecolor="white", height=0.7)
+    ax.set_yticks(range(len(lanes)), lanes)
+    ax.invert_yaxis()
+    ax.set_xlabel(xlabel)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=palette[kind]) for kind in kinds]
+    ax.legend(handles, kinds, loc="upper center", bbox_to_anchor=(0.5, -0.25 if len(lanes) < 3 else -0.15),
+              ncol=min(len(kinds), 5), fontsize=8, frameon=False)
+    if title:
+        ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return fig
