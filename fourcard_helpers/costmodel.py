@@ -1,0 +1,192 @@
+"""How long communication takes: the alpha–beta model and published interconnect figures.
+
+Data parallelism pays for every step with an all-reduce of the gradients. Whether that is
+cheap or ruinous depends on two numbers of the link between the cards:
+
+* alpha, the latency: what any message costs, however small (starting the operation,
+  handshakes, kernel launches, the hops around the ring);
+* beta, the seconds per byte: the inverse of the bandwidth.
+
+A collective of `nbytes` then takes about ``alpha + beta * nbytes``. Lesson 06 measures
+this on the course's four cards, fits alpha and beta, and uses the model (and the
+published figures below) to predict what real four-GPU machines would do. Later lessons
+(tensor parallelism, the capstone) reuse the same functions for their communication costs.
+
+Units: sizes in bytes, times in seconds, bandwidths in GB/s with 1 GB = 1e9 bytes (the
+convention of `nccl-tests`, whose "busbw" column the published figures come from).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+GB = 1e9  # nccl-tests reports GB/s with 1 GB = 10**9 bytes
+DTYPE_BYTES = {"fp32": 4, "float32": 4, "fp16": 2, "float16": 2, "bf16": 2, "bfloat16": 2, "fp64": 8, "float64": 8}
+
+
+def dtype_bytes(dtype: object) -> int:
+    """Bytes per element of a dtype given as a name ("fp32", "bf16"...) or a torch.dtype."""
+    itemsize = getattr(dtype, "itemsize", None)  # torch.dtype has .itemsize
+    if isinstance(itemsize, int):
+        return itemsize
+    name = str(dtype).removeprefix("torch.").lower()
+    if name not in DTYPE_BYTES:
+        raise ValueError(f"unknown dtype {dtype!r}: use one of {', '.join(sorted(DTYPE_BYTES))} or a torch.dtype")
+    return DTYPE_BYTES[name]
+
+
+def gradient_bytes(num_parameters: int, dtype: object = "fp32") -> int:
+    """Size of one copy of the gradients: what DDP all-reduces every step."""
+    return int(num_parameters) * dtype_bytes(dtype)
+
+
+def ring_all_reduce_bytes(nbytes: float, n: int) -> float:
+    """Bytes each card sends (and receives) in a ring all-reduce of an `nbytes` tensor.
+
+    The ring does a reduce-scatter (n−1 steps) then an all-gather (n−1 steps), each step
+    moving one n-th of the tensor: 2(n−1)/n × nbytes. It tends to 2 × nbytes as n grows,
+    which is why a ring's time hardly depends on the number of cards.
+    """
+    _check_n(n)
+    return 2 * (n - 1) / n * nbytes
+
+
+def ring_reduce_scatter_bytes(nbytes: float, n: int) -> float:
+    """Bytes each card sends in a ring reduce-scatter (or all-gather) of `nbytes` in all: (n−1)/n × nbytes."""
+    _check_n(n)
+    return (n - 1) / n * nbytes
+
+
+ring_all_gather_bytes = ring_reduce_scatter_bytes  # the same traffic, run the other way
+
+
+def bus_bandwidth(nbytes: float, seconds: float, n: int) -> float:
+    """All-reduce bus bandwidth in GB/s: algbw (nbytes / seconds) × 2(n−1)/n.
+
+    algbw alone falls as cards are added, though the links are as busy as ever; busbw is
+    the rate each card's link actually carries, comparable across n and with the link's
+    hardware speed (see nccl-tests, doc/PERFORMANCE.md).
+    """
+    return ring_all_reduce_bytes(nbytes, n) / seconds / GB
+
+
+def _check_n(n: int) -> None:
+    if n < 1:
+        raise ValueError(f"the number of cards must be at least 1, got {n}")
+
+
+@dataclass(frozen=True)
+class AlphaBeta:
+    """time(nbytes) = alpha + beta × nbytes for one collective on a fixed number of cards.
+
+    alpha is in seconds, beta in seconds per byte of the tensor handed to the collective
+    (not of the bytes on the wire: those are folded into beta, see `busbw_gbs`).
+    """
+
+    alpha: float
+    beta: float
+
+    def seconds(self, nbytes: float) -> float:
+        """Predicted time of one collective on an `nbytes` tensor."""
+        return self.alpha + self.beta * nbytes
+
+    def bucketed_seconds(self, nbytes: float, bucket_bytes: float) -> float:
+        """Time to all-reduce `nbytes` sent as ceil(nbytes / bucket_bytes) separate buckets,
+        as DDP does (25 MB buckets by default): every bucket pays alpha once."""
+        buckets = max(1, math.ceil(nbytes / bucket_bytes))
+        return buckets * self.alpha + self.beta * nbytes
+
+    def bandwidth_gbs(self) -> float:
+        """algbw for very large messages (1 / beta), in GB/s."""
+        return 1 / self.beta / GB
+
+    def busbw_gbs(self, n: int) -> float:
+        """Bus bandwidth for very large messages on `n` cards, in GB/s (comparable to nccl-tests)."""
+        return ring_all_reduce_bytes(1, n) / self.beta / GB
+
+    def crossover_bytes(self) -> float:
+        """The size at which latency and bandwidth cost the same (alpha / beta): below it
+        a collective is latency-bound, and sending fewer, larger messages pays off."""
+        return self.alpha / self.beta
+
+    def relative_errors(self, sizes: Sequence[float], seconds: Sequence[float]) -> list[float]:
+        """(predicted − measured) / measured for each measured point."""
+        return [(self.seconds(s) - t) / t for s, t in zip(sizes, seconds)]
+
+    @classmethod
+    def from_busbw(cls, busbw_gbs: float, latency_s: float, n: int) -> "AlphaBeta":
+        """The all-reduce model of a link known by its bus bandwidth and small-message latency."""
+        return cls(alpha=latency_s, beta=ring_all_reduce_bytes(1, n) / (busbw_gbs * GB))
+
+    @classmethod
+    def fit(cls, sizes: Iterable[float], seconds: Iterable[float]) -> "AlphaBeta":
+        """Least-squares fit of alpha and beta to measured (size, time) points.
+
+        The fit minimises the RELATIVE error, sum(((alpha + beta·s) / t − 1)²): measured
+        times span four orders of magnitude, and an ordinary fit would spend all its effort
+        on the largest messages and predict small ones badly. Neither number may be
+        negative; if the unconstrained fit says so, the other is refitted alone.
+        """
+        points = [(float(s), float(t)) for s, t in zip(sizes, seconds)]
+        if len(points) < 2 or any(t <= 0 for _, t in points):
+            raise ValueError("fit needs at least two points with positive times")
+        # Rows [1/t, s/t] · [alpha, beta] ≈ 1: solve the 2×2 normal equations.
+        a11 = sum(1 / t**2 for _, t in points)
+        a12 = sum(s / t**2 for s, t in points)
+        a22 = sum(s**2 / t**2 for s, t in points)
+        b1 = sum(1 / t for _, t in points)
+        b2 = sum(s / t for s, t in points)
+        det = a11 * a22 - a12**2
+        alpha, beta = ((a22 * b1 - a12 * b2) / det, (a11 * b2 - a12 * b1) / det) if det > 0 else (-1.0, -1.0)
+        if alpha < 0 or beta <= 0:
+            # One of them is not supported by the data: fit the better single-term model.
+            only_beta = cls(0.0, b2 / a22)
+            only_alpha = cls(b1 / a11, 0.0)
+            def cost(model: AlphaBeta) -> float:
+                return sum(e * e for e in model.relative_errors([s for s, _ in points], [t for _, t in points]))
+            return min((only_beta, only_alpha), key=cost)
+        return cls(alpha, beta)
+
+
+@dataclass(frozen=True)
+class Interconnect:
+    """Published all-reduce figures for a real multi-GPU machine (NOT measured here).
+
+    busbw_gbs: nccl-tests all_reduce_perf bus bandwidth at large messages, GB/s.
+    latency_us: time of a tiny all_reduce (a few bytes), microseconds.
+    """
+
+    name: str
+    busbw_gbs: float
+    latency_us: float
+    source: str
+    note: str = ""
+
+    def model(self, n: int = 4) -> AlphaBeta:
+        """The alpha–beta model of an all-reduce on `n` cards of this machine."""
+        return AlphaBeta.from_busbw(self.busbw_gbs, self.latency_us * 1e-6, n)
+
+
+PUBLISHED: dict[str, Interconnect] = {
+    # 4× RTX 4090 (no NVLink; consumer cards talk over PCIe 4.0 through the CPU).
+    # busbw: nccl-tests `all_reduce_perf -b 256M -e 2G -f 2 -g 4` on 4× RTX 4090 reports
+    #   25.7–25.95 GB/s busbw (256 MB – 1 GB), github.com/tinygrad/open-gpu-kernel-modules/issues/36
+    # latency: an 8-byte all_reduce takes 40–42 µs on 8× RTX 4090 over PCIe,
+    #   github.com/NVIDIA/nccl/issues/1530 (8 cards; 4 cards would be somewhat faster).
+    "4×RTX 4090, PCIe 4": Interconnect(
+        "4×RTX 4090, PCIe 4", busbw_gbs=26.0, latency_us=40.0,
+        source="nccl-tests all_reduce_perf: tinygrad/open-gpu-kernel-modules#36 (busbw), NVIDIA/nccl#1530 (latency)",
+        note="latency measured on 8 cards",
+    ),
+    # A100 SXM4 with NVLink 3 through NVSwitch (DGX/HGX A100).
+    # busbw: 230–250 GB/s all_reduce busbw at large sizes on 8× A100 SXM4 NVLink, in the
+    #   reference table of docs.alayanew.com/en/docs/tech-blog/2026-05-06-nccl-tests ("NCCL-tests in practice").
+    # latency: a 32-byte all_reduce takes 10.1 µs on A100-SXM4-40GB (NVLink),
+    #   github.com/NVIDIA/nccl/issues/583 (2 cards).
+    "4×A100, NVLink": Interconnect(
+        "4×A100, NVLink", busbw_gbs=235.0, latency_us=10.0,
+        source="nccl-tests all_reduce_perf: docs.alayanew.com nccl-tests table (busbw, 8× A100 SXM4), NVIDIA/nccl#583 (latency)",
+        note="busbw measured on 8 cards, latency on 2; a ring's busbw hardly depends on the count",
+    ),
+}

@@ -1,0 +1,89 @@
+"""The cost model: ring traffic formulas, the alpha–beta fit, and the published figures."""
+import math
+
+import pytest
+import torch
+
+from fourcard_helpers import costmodel
+from fourcard_helpers.costmodel import PUBLISHED, AlphaBeta, Interconnect
+
+
+def test_ring_bytes_formulas():
+    assert costmodel.ring_all_reduce_bytes(1000, 4) == pytest.approx(1500)
+    assert costmodel.ring_all_reduce_bytes(1000, 1) == 0
+    assert costmodel.ring_all_gather_bytes(1000, 4) == pytest.approx(750)
+    assert costmodel.ring_reduce_scatter_bytes(1000, 4) == pytest.approx(750)
+    # reduce-scatter + all-gather is exactly an all-reduce's traffic
+    assert costmodel.ring_reduce_scatter_bytes(1000, 8) + costmodel.ring_all_gather_bytes(1000, 8) == pytest.approx(
+        costmodel.ring_all_reduce_bytes(1000, 8))
+    with pytest.raises(ValueError):
+        costmodel.ring_all_reduce_bytes(1000, 0)
+
+
+def test_bus_bandwidth_is_algbw_times_ring_factor():
+    # 1 GB in 1 s on 4 cards: algbw 1 GB/s, busbw 1.5 GB/s
+    assert costmodel.bus_bandwidth(1e9, 1.0, 4) == pytest.approx(1.5)
+
+
+def test_dtype_bytes_and_gradient_bytes():
+    assert costmodel.dtype_bytes("fp32") == 4
+    assert costmodel.dtype_bytes("bf16") == 2
+    assert costmodel.dtype_bytes(torch.float16) == 2
+    assert costmodel.dtype_bytes("torch.float32") == 4
+    assert costmodel.gradient_bytes(21_840) == 87_360
+    with pytest.raises(ValueError):
+        costmodel.dtype_bytes("int3")
+
+
+def test_fit_recovers_exact_model():
+    truth = AlphaBeta(alpha=50e-6, beta=1 / 2e9)
+    sizes = [2**k for k in range(10, 27, 2)]
+    fitted = AlphaBeta.fit(sizes, [truth.seconds(s) for s in sizes])
+    assert fitted.alpha == pytest.approx(truth.alpha, rel=1e-6)
+    assert fitted.beta == pytest.approx(truth.beta, rel=1e-6)
+    assert max(abs(e) for e in fitted.relative_errors(sizes, [truth.seconds(s) for s in sizes])) < 1e-9
+
+
+def test_fit_weights_relative_error():
+    # noisy points 10% off in alternating directions: the relative fit stays within ~10%
+    truth = AlphaBeta(alpha=100e-6, beta=1e-9)
+    sizes = [2**k for k in range(10, 27)]
+    times = [truth.seconds(s) * (1.1 if i % 2 else 0.9) for i, s in enumerate(sizes)]
+    fitted = AlphaBeta.fit(sizes, times)
+    assert max(abs(e) for e in fitted.relative_errors(sizes, times)) < 0.15
+
+
+def test_fit_never_negative():
+    sizes = [1e3, 1e4, 1e5]
+    fitted = AlphaBeta.fit(sizes, [1.0, 1.0, 1.0])  # flat: pure latency
+    assert fitted.alpha == pytest.approx(1.0) and fitted.beta == 0
+    fitted = AlphaBeta.fit(sizes, [s * 1e-9 for s in sizes])  # proportional: pure bandwidth
+    assert fitted.alpha >= 0 and fitted.beta == pytest.approx(1e-9, rel=1e-6)
+    with pytest.raises(ValueError):
+        AlphaBeta.fit([1e3], [1.0])
+
+
+def test_derived_quantities():
+    model = AlphaBeta.from_busbw(busbw_gbs=30.0, latency_s=20e-6, n=4)
+    assert model.busbw_gbs(4) == pytest.approx(30.0)
+    assert model.bandwidth_gbs() == pytest.approx(20.0)  # algbw = busbw / 1.5 on 4 cards
+    assert model.seconds(0) == pytest.approx(20e-6)
+    assert model.crossover_bytes() == pytest.approx(20e-6 * 20e9)
+    # bucketing: every bucket pays alpha once
+    assert model.bucketed_seconds(100e6, 25e6) == pytest.approx(4 * 20e-6 + model.beta * 100e6)
+    assert model.bucketed_seconds(1, 25e6) == pytest.approx(model.seconds(1))
+
+
+def test_published_figures_are_cited_and_sane():
+    assert {"4×RTX 4090, PCIe 4", "4×A100, NVLink"} <= set(PUBLISHED)
+    for name, link in PUBLISHED.items():
+        assert isinstance(link, Interconnect) and link.name == name
+        assert link.source and 0 < link.busbw_gbs < 2000 and 0 < link.latency_us < 1000
+        model = link.model(4)
+        assert model.busbw_gbs(4) == pytest.approx(link.busbw_gbs)
+        assert model.alpha == pytest.approx(link.latency_us * 1e-6)
+    # NVLink is roughly an order of magnitude ahead of PCIe
+    assert PUBLISHED["4×A100, NVLink"].busbw_gbs > 5 * PUBLISHED["4×RTX 4090, PCIe 4"].busbw_gbs
+    # a 100 MB all-reduce on 4 A100s: 10 µs + 1.5 × 100e6 / 235e9 s ≈ 0.65 ms
+    assert PUBLISHED["4×A100, NVLink"].model(4).seconds(100e6) == pytest.approx(10e-6 + 1.5e8 / 235e9)
+    assert not math.isnan(PUBLISHED["4×RTX 4090, PCIe 4"].model(2).seconds(1e6))
