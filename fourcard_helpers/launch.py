@@ -271,10 +271,12 @@ class _Launch:
                 rank, log,
             )
         text = "".join(self.torchrun_output)
+        start = text.find("Root Cause")  # torchrun's heading for the first failure
+        root_cause = text[start:] if start >= 0 else text
         codes = [(int(rank), int(code)) for rank, code in
-                 re.findall(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)", text)]
+                 re.findall(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)", root_cause)]
         if codes:
-            rank, code = codes[0]  # torchrun lists the root cause (first failure) first
+            rank, code = codes[0]
             done = rank in self.files("done")
             if code < 0:
                 name = signal.Signals(-code).name

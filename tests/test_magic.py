@@ -1,0 +1,45 @@
+"""The %%torchrun cell magic in a real IPython shell, with a real 2-rank launch."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+
+from fourcard_helpers.launch import LaunchResult
+
+CELL = """import sys, torch.distributed as dist
+from fourcard_helpers import report
+dist.init_process_group("gloo")
+report(rank=dist.get_rank(), args=sys.argv[1:])
+dist.destroy_process_group()
+"""
+
+
+@pytest.fixture(scope="module")
+def shell() -> InteractiveShell:
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "fourcard_helpers")
+    return ip
+
+
+def test_magic_runs_the_cell_saves_it_and_stores_the_result(shell: InteractiveShell, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = shell.run_cell_magic("torchrun", "-n 2 --timeout 120 --save scripts/job.py --result run -- --lr 0.1", CELL)
+    assert isinstance(result, LaunchResult)
+    assert shell.user_ns["run"] is result
+    assert result.values("rank") == [0, 1]
+    assert result.values("args") == [["--lr", "0.1"], ["--lr", "0.1"]]
+    assert (tmp_path / "scripts" / "job.py").read_text() == CELL  # runnable later from a terminal
+
+
+def test_failed_launch_shows_the_ranks_error_without_kernel_frames(shell: InteractiveShell,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    outcome = shell.run_cell("%%torchrun -n 2 --timeout 120\nimport os\nif os.environ['RANK'] == '1':\n    1 / 0\n")
+    assert outcome.error_in_exec is not None and type(outcome.error_in_exec).__name__ == "LaunchError"
+    shown = capsys.readouterr()
+    text = shown.out + shown.err
+    assert "rank 1 of 2 raised ZeroDivisionError: division by zero" in text
+    assert 'File "cell.py", line 3' in text
+    assert "launch.py" not in text and "interactiveshell.py" not in text
