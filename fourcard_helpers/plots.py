@@ -57,3 +57,40 @@ def timeline(events: Iterable[tuple[str, float, float, str]], title: str = "", x
         ax.set_title(title, fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def card_values(panels: Sequence[tuple[str, Sequence[Sequence[float] | None]]], title: str = "",
+                fmt: str = "{:g}") -> Figure:
+    """What each card holds, side by side for several moments (e.g. before and after a collective).
+
+    `panels` is a list of (label, rows) with one row of numbers per card; a row of None means
+    the card holds nothing meaningful there (e.g. a non-root rank after `reduce`). Seeing the
+    numbers move between cards is the quickest way to learn what each collective does.
+    """
+    panels = list(panels)
+    width = max([len(row) for _, rows in panels for row in rows if row] or [1])
+    cards = max(len(rows) for _, rows in panels)
+    sizes = [max([len(row) for row in rows if row] or [width]) for _, rows in panels]
+    fig, axes = plt.subplots(1, len(panels), figsize=(sum(0.42 * s + 0.9 for s in sizes), 0.36 * cards + 0.7),
+                             dpi=DPI, squeeze=False, gridspec_kw={"width_ratios": [s + 1.5 for s in sizes]})
+    for ax, (label, rows), size in zip(axes.flat, panels, sizes):
+        for card, row in enumerate(rows):
+            colour = CARD_COLOURS[card % len(CARD_COLOURS)]
+            if row is None:
+                ax.text((size - 1) / 2, card, "unspecified", ha="center", va="center", fontsize=8, color="grey")
+                continue
+            for column, value in enumerate(row):
+                ax.add_patch(plt.Rectangle((column - 0.45, card - 0.4), 0.9, 0.8, facecolor=colour, alpha=0.3))
+                ax.text(column, card, fmt.format(value), ha="center", va="center", fontsize=8)
+        ax.set_xlim(-0.55, size - 0.45)
+        ax.set_ylim(cards - 0.5, -0.5)
+        ax.set_xticks([])
+        ax.set_yticks(range(cards), [f"card {card}" for card in range(cards)], fontsize=8)
+        ax.tick_params(length=0)
+        for spine in ax.spines.values():
+            spine.set_visible(False)
+        ax.set_title(label, fontsize=9)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
