@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 GB = 1e9  # nccl-tests reports GB/s with 1 GB = 10**9 bytes
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "fp16": 2, "float16": 2, "bf16": 2, "bfloat16": 2, "fp64": 8, "float64": 8}
@@ -76,6 +76,33 @@ def _check_n(n: int) -> None:
         raise ValueError(f"the number of cards must be at least 1, got {n}")
 
 
+def _minimise_convex(function: Callable[[float], float], low: float, high: float, steps: int = 100) -> float:
+    """The argument in [low, high] where a convex function of one variable is smallest (golden-section search)."""
+    ratio = (math.sqrt(5) - 1) / 2
+    a, b = low, high
+    c, d = b - ratio * (b - a), a + ratio * (b - a)
+    fc, fd = function(c), function(d)
+    for _ in range(steps):
+        if fc <= fd:
+            b, d, fd = d, c, fc
+            c = b - ratio * (b - a)
+            fc = function(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + ratio * (b - a)
+            fd = function(d)
+    return (a + b) / 2
+
+
+def _worst_error(alpha: float, beta: float, points: Sequence[tuple[float, float]]) -> float:
+    return max(abs((alpha + beta * s) / t - 1) for s, t in points)
+
+
+def _best_alpha(beta: float, points: Sequence[tuple[float, float]]) -> float:
+    top = max(t for _, t in points)
+    return _minimise_convex(lambda alpha: _worst_error(alpha, beta, points), 0.0, top)
+
+
 @dataclass(frozen=True)
 class AlphaBeta:
     """time(nbytes) = alpha + beta × nbytes for one collective on a fixed number of cards.
@@ -120,17 +147,21 @@ class AlphaBeta:
         return cls(alpha=latency_s, beta=ring_all_reduce_bytes(1, n) / (busbw_gbs * GB))
 
     @classmethod
-    def fit(cls, sizes: Iterable[float], seconds: Iterable[float]) -> "AlphaBeta":
-        """Least-squares fit of alpha and beta to measured (size, time) points.
+    def fit(cls, sizes: Iterable[float], seconds: Iterable[float], worst_case: bool = False) -> "AlphaBeta":
+        """Fit alpha and beta to measured (size, time) points.
 
-        The fit minimises the RELATIVE error, sum(((alpha + beta·s) / t − 1)²): measured
-        times span four orders of magnitude, and an ordinary fit would spend all its effort
-        on the largest messages and predict small ones badly. Neither number may be
-        negative; if the unconstrained fit says so, the other is refitted alone.
+        The fit minimises the RELATIVE error: measured times span four orders of magnitude,
+        and an ordinary fit would spend all its effort on the largest messages and predict
+        small ones badly. By default it is a least-squares fit, sum(((alpha + beta·s) / t − 1)²);
+        with `worst_case=True` it minimises the largest relative error instead, which is the
+        right fit when the question is "within what percentage does the model predict every
+        size?". Neither number may be negative.
         """
         points = [(float(s), float(t)) for s, t in zip(sizes, seconds)]
         if len(points) < 2 or any(t <= 0 for _, t in points):
             raise ValueError("fit needs at least two points with positive times")
+        if worst_case:
+            return cls._fit_worst_case(points)
         # Rows [1/t, s/t] · [alpha, beta] ≈ 1: solve the 2×2 normal equations.
         a11 = sum(1 / t**2 for _, t in points)
         a12 = sum(s / t**2 for s, t in points)
@@ -147,6 +178,14 @@ class AlphaBeta:
                 return sum(e * e for e in model.relative_errors([s for s, _ in points], [t for _, t in points]))
             return min((only_beta, only_alpha), key=cost)
         return cls(alpha, beta)
+
+    @classmethod
+    def _fit_worst_case(cls, points: Sequence[tuple[float, float]]) -> "AlphaBeta":
+        # The largest relative error is convex in (alpha, beta), so nested one-dimensional
+        # searches find the minimum: the best alpha for each beta, then the best beta.
+        steepest = max(t / s for s, t in points if s > 0)
+        beta = _minimise_convex(lambda b: _worst_error(_best_alpha(b, points), b, points), 0.0, steepest)
+        return cls(_best_alpha(beta, points), beta)
 
 
 @dataclass(frozen=True)

@@ -87,3 +87,17 @@ def test_published_figures_are_cited_and_sane():
     # a 100 MB all-reduce on 4 A100s: 10 µs + 1.5 × 100e6 / 235e9 s ≈ 0.65 ms
     assert PUBLISHED["4×A100, NVLink"].model(4).seconds(100e6) == pytest.approx(10e-6 + 1.5e8 / 235e9)
     assert not math.isnan(PUBLISHED["4×RTX 4090, PCIe 4"].model(2).seconds(1e6))
+
+
+def test_worst_case_fit_bounds_the_largest_error():
+    truth = AlphaBeta(alpha=2e-3, beta=3e-9)
+    sizes = [2**k for k in range(16, 27)]
+    wobble = [1.0, 1.2, 0.85, 1.1, 0.9, 1.25, 0.8, 1.05, 0.95, 1.15, 0.9]
+    times = [truth.seconds(s) * w for s, w in zip(sizes, wobble)]
+    least_squares = AlphaBeta.fit(sizes, times)
+    worst_case = AlphaBeta.fit(sizes, times, worst_case=True)
+    worst = max(abs(e) for e in worst_case.relative_errors(sizes, times))
+    assert worst <= max(abs(e) for e in least_squares.relative_errors(sizes, times)) + 1e-9
+    assert worst < 0.25 and worst_case.alpha >= 0 and worst_case.beta > 0
+    exact = AlphaBeta.fit(sizes, [truth.seconds(s) for s in sizes], worst_case=True)
+    assert exact.alpha == pytest.approx(truth.alpha, rel=1e-4) and exact.beta == pytest.approx(truth.beta, rel=1e-4)
