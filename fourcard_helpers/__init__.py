@@ -13,6 +13,7 @@ from typing import Any
 _EXPORTS = {
     "detect": "cards", "Cards": "cards", "CardsError": "cards",
     "torchrun": "launch", "LaunchResult": "launch", "LaunchError": "launch",
+    "leftover_processes": "launch",
     "report": "worker",
     "load_mnist": "data", "load_mnist_raw": "data", "normalisation": "data",
     "download_full_mnist": "data", "MnistDataError": "data",

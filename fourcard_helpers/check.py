@@ -46,8 +46,8 @@ def equal(actual: Any, expected: Any, what: str = "your answer") -> None:
         raise CheckFailed(f"{what}: got {actual!r}, expected {expected!r}")
 
 
-def exercise(name: str, test: Callable[[], Any]) -> bool:
-    """Run an exercise's test and say how it went. Returns True when it passes.
+def exercise(name: str, test: Callable[[], Any]) -> None:
+    """Run an exercise's test and say how it went (returns nothing, so a cell shows only that).
 
     NotImplementedError means "not attempted yet" and is not an error; a wrong answer
     raises CheckFailed, so a notebook run top to bottom stops on it.
@@ -56,9 +56,8 @@ def exercise(name: str, test: Callable[[], Any]) -> bool:
         test()
     except NotImplementedError:
         print(f"○ {name}: not attempted yet. Write your answer above and run this cell again.")
-        return False
+        return
     except CheckFailed as failure:
         print(f"✗ {name}: not yet. {failure}")
         raise
     print(f"✓ {name}: correct.")
-    return True

@@ -37,6 +37,7 @@ from typing import Any, Iterable, Mapping, TextIO
 from .cards import Cards, detect
 from .worker import LABEL_ENV, REPO_ROOT, RUN_DIR_ENV
 
+LAUNCHER_ENV = "FOURCARD_LAUNCHER_PID"
 POLL_SECONDS = 0.05  # how often rank output is forwarded; small against a 5 s launch
 GRACE_SECONDS = 3.0  # how long torchrun gets to stop its ranks before we kill them
 FAIL_FAST_SECONDS = 5.0  # after a rank raised, how long torchrun gets to notice
@@ -85,6 +86,24 @@ class LaunchResult:
         return f"<LaunchResult: {self.nproc} ranks ok in {self.seconds:.1f} s, {said}>"
 
 
+def leftover_processes() -> list[int]:
+    """Pids of torchrun or rank processes that launches from this process left running.
+
+    Always empty after a launch returns, fails or is interrupted; lessons and tests assert it.
+    """
+    marker = f"{LAUNCHER_ENV}={os.getpid()}".encode()
+    pids = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            if marker in (entry / "environ").read_bytes().split(b"\0"):
+                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                if state != "Z":  # a zombie has exited; only its exit code is left to collect
+                    pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
 def _set_parent_death_signal() -> None:
     """Runs in the child before exec: torchrun gets SIGTERM if the kernel dies."""
     if sys.platform.startswith("linux"):
@@ -107,6 +126,7 @@ def rank_environment(cards: Cards, run_dir: Path, label: str, extra: Mapping[str
             "FOURCARD_DEVICE": cards.kind,  # every rank makes the kernel's choice of cards
             "MPLBACKEND": "Agg",  # the kernel's inline backend does not exist in a rank
             RUN_DIR_ENV: str(run_dir),
+            LAUNCHER_ENV: str(os.getpid()),  # lets leftover_processes() find what we started
             LABEL_ENV: label,
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
         }

@@ -13,7 +13,11 @@ CARD_COLOURS = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860"
 
 def show_digits(images: torch.Tensor, labels: Sequence[int], predictions: Sequence[int] | None = None,
                 columns: int = 8, title: str | None = None) -> Figure:
-    """A grid of digits with their labels (and predictions, red where wrong)."""
+    """A grid of digits with their labels (and predictions, red where wrong).
+
+    The figure is closed and returned: end a cell with the call and the notebook shows it
+    once, as the cell's value.
+    """
     count = len(images)
     rows = (count + columns - 1) // columns
     fig, axes = plt.subplots(rows, columns, figsize=(columns * 0.9, rows * 1.05), dpi=DPI, squeeze=False)
@@ -30,6 +34,7 @@ def show_digits(images: torch.Tensor, labels: Sequence[int], predictions: Sequen
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
+    plt.close(fig)
     return fig
 
 
