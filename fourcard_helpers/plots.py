@@ -56,8 +56,8 @@ def timeline(events: Iterable[tuple[str, float, float, str]], title: str = "", x
     ax.invert_yaxis()
     ax.set_xlabel(xlabel)
     handles = [plt.Rectangle((0, 0), 1, 1, color=palette[kind]) for kind in kinds]
-    ax.legend(handles, kinds, loc="upper center", bbox_to_anchor=(0.5, -0.25 if len(lanes) < 3 else -0.15),
-              ncol=min(len(kinds), 5), fontsize=8, frameon=False)
+    # Beside the chart, not under it: below, it collides with the x label for some lane counts.
+    ax.legend(handles, kinds, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     if title:
         ax.set_title(title, fontsize=10)
     fig.tight_layout()
