@@ -13,7 +13,7 @@ other programs only ever add time), and checks:
 It also prints how well a fit to one sweep predicts the others, as a measure of the noise.
 Exit status 0 when both checks pass, 1 otherwise. Run it on a quiet machine:
 
-    .venv/bin/python benchmarks/costmodel_accuracy.py [--sweeps 3]
+    .venv/bin/python benchmarks/costmodel_accuracy.py [--sweeps 5]
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ MAX_RING_RATIO = 2.0  # the hand-written ring may take at most twice the built-i
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sweeps", type=int, default=3, help="sweeps over all sizes in the launch")
+    parser.add_argument("--sweeps", type=int, default=5, help="sweeps over all sizes in the launch")
     options = parser.parse_args()
     result = torchrun(SCRIPT, nproc=4, args=[str(options.sweeps)], echo=False)
     timings = result.reports[0]["timings"]
