@@ -6,8 +6,8 @@ random permutation, sliced into batches of 64, used to index the tensors: no loa
 
 The recipe: `DataLoader(dataset, sampler=BatchIndexSampler(n, 1024), batch_size=None)`, no
 workers, each 1024-sample chunk split into batches of 64 (`split` makes views: no copy). The
-loader fetches a chunk in one indexing operation, and its own bookkeeping (some 15-20 us of
-CPU per item it yields, measured in the notebook) is paid once per 1024 samples, not per 64.
+loader fetches a chunk in one indexing operation, and the time it adds to every item it yields
+(measured in notebook 04) is paid once per 1024 samples, not once per 64.
 
 Timings are noisy on a shared machine, so: both run in this one thread and are timed in its
 CPU time (`time.thread_time()`, blind to other programs taking the core); they alternate, many
