@@ -25,6 +25,7 @@ parser.add_argument("--epochs", type=int, default=2)
 parser.add_argument("--batch-size", type=int, default=16, help="per card: the global batch is this × the number of cards")
 parser.add_argument("--lr", type=float, default=0.05)
 parser.add_argument("--max-steps", type=int, default=0, help="stop each epoch after this many steps (0: no limit)")
+parser.add_argument("--report-weights", action="store_true", help="also report the final weights (for the notebook's check)")
 parser.add_argument("--checkpoint", default=str(Path(tempfile.gettempdir()) / "fourcards" / "ddp_mnist.pt"))
 args = parser.parse_args()
 
@@ -109,7 +110,7 @@ fresh = MnistCNN().to(device)
 fresh.load_state_dict(state["model"])  # plain keys ("conv1.weight"), thanks to model.module
 same = all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), model.module.state_dict().values()))
 
-report(history=history, weights=model.module.state_dict(), checkpoint_keys=list(state["model"]), ddp_key=next(iter(model.state_dict())),
+report(history=history, weights=model.module.state_dict() if args.report_weights else None, checkpoint_keys=list(state["model"]), ddp_key=next(iter(model.state_dict())),
        checkpoint_epoch=state["epoch"], checkpoint_matches=same,
        step_seconds=statistics.median(step_seconds[3:] or step_seconds), steps=len(step_seconds))
 
