@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, TextIO
 
 from .cards import Cards, detect
-from .worker import LABEL_ENV, REPO_ROOT, RUN_DIR_ENV
+from .worker import LABEL_ENV, REPO_ROOT, RUN_DIR_ENV, shorten_paths
 
 LAUNCHER_ENV = "FOURCARD_LAUNCHER_PID"
 POLL_SECONDS = 0.05  # how often rank output is forwarded; small against a 5 s launch
@@ -44,9 +44,10 @@ FAIL_FAST_SECONDS = 5.0  # after a rank raised, how long torchrun gets to notice
 
 SIGNAL_HINTS = {
     signal.SIGABRT: (
-        "SIGABRT usually means the C++ runtime gave up while the rank was exiting "
-        "('terminate called without an active exception'): gloo work objects destroyed "
-        "during interpreter shutdown. End the script with dist.destroy_process_group()."
+        "SIGABRT means the C++ runtime gave up; the rank's last output usually says why. "
+        "If it happened while the rank was exiting ('terminate called without an active "
+        "exception'), gloo work objects were destroyed during interpreter shutdown: end the "
+        "script with dist.destroy_process_group()."
     ),
     signal.SIGKILL: "SIGKILL from outside usually means the machine ran out of memory.",
     signal.SIGSEGV: "SIGSEGV is a crash inside native code; the rank's log above may say where.",
@@ -277,26 +278,42 @@ class _Launch:
         return "".join(mine[-lines:])
 
     def failure(self) -> LaunchError:
-        """Explain a failed launch by its first failing rank."""
+        """Explain a failed launch by its first failing rank.
+
+        A rank that raised leaves an error file; a rank that crashed in native code leaves a
+        crash file (faulthandler's report). Whichever was written first names the culprit:
+        the errors of the other ranks ("connection reset by peer", ...) follow from it.
+        """
         log = "".join(self.lines)
-        errors = [json.loads(path.read_text()) for path in self.files("error").values()]
-        if errors:
-            first = min(errors, key=lambda error: error["time"])
-            rank = first["rank"]
+        failures = [(error["time"], error["rank"], error) for error in
+                    (json.loads(path.read_text()) for path in self.files("error").values())]
+        failures += [(path.stat().st_mtime, rank, path) for rank, path in self.files("crash").items()
+                     if path.stat().st_size]
+        summary = "".join(self.torchrun_output)
+        codes = _exit_codes(summary)
+        if failures:
+            _, rank, what = min(failures, key=lambda failure: failure[0])
+            if isinstance(what, dict):
+                head = f"rank {rank} of {self.nproc} raised {what['type']}: {what['message']}\n\n{what['traceback']}"
+            else:
+                code = codes.get(rank, 0)
+                name = f" ({signal.Signals(-code).name})" if code < 0 else ""
+                hint = SIGNAL_HINTS.get(signal.Signals(-code), "") if code < 0 else ""
+                stack = "".join(  # the script's frames; not the worker's nor the module list
+                    line for line in what.read_text(encoding="utf-8", errors="replace").splitlines(True)
+                    if not re.search(r"fourcard_helpers.worker|<frozen runpy>|^Extension modules", line))
+                tail = self.rank_tail(rank)
+                head = (f"rank {rank} of {self.nproc} crashed in native code{name}. {hint}\n"
+                        + (f"Its last output:\n{tail}" if tail else "") + shorten_paths(stack).strip() + "\n")
             return LaunchError(
-                f"rank {rank} of {self.nproc} raised {first['type']}: {first['message']}\n\n"
-                f"{first['traceback']}\n"
-                f"The other ranks were stopped. Fix the error above (it happened on rank {rank}; "
+                f"{head}\nThe other ranks were stopped. Fix the error above (it happened on rank {rank}; "
                 "errors on other ranks, if any, followed from it).",
                 rank, log,
             )
-        text = "".join(self.torchrun_output)
-        start = text.find("Root Cause")  # torchrun's heading for the first failure
-        root_cause = text[start:] if start >= 0 else text
-        codes = [(int(rank), int(code)) for rank, code in
-                 re.findall(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)", root_cause)]
         if codes:
-            rank, code = codes[0]
+            start = summary.find("Root Cause")  # torchrun's heading for the first failure it saw
+            root = _exit_codes(summary[start:]) if start >= 0 else codes
+            rank, code = next(iter(root.items()))
             done = rank in self.files("done")
             if code < 0:
                 name = signal.Signals(-code).name
@@ -308,8 +325,15 @@ class _Launch:
             tail = self.rank_tail(rank)
             return LaunchError(message + (f"\nIts last output:\n{tail}" if tail else ""), rank, log)
         return LaunchError(
-            "torchrun failed before the ranks could run. Its own output:\n" + text[-3000:], None, log
+            "torchrun failed before the ranks could run. Its own output:\n" + summary[-3000:],
+            None, log,
         )
+
+
+def _exit_codes(summary: str) -> dict[int, int]:
+    """Rank → exit code, from torchrun's failure summary (in the order it lists them)."""
+    found = re.findall(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)", summary)
+    return {int(rank): int(code) for rank, code in found}
 
 
 def _script_file(script: str | Path, run_dir: Path) -> tuple[Path, str]:

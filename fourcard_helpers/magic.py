@@ -11,6 +11,7 @@ from a terminal with `torchrun --nproc-per-node=4 scripts/train.py`.
 from __future__ import annotations
 
 import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,7 @@ def _show_error(shell: Any, etype: type, value: BaseException, tb: Any, tb_offse
     """Show a failed launch as its message alone: the ranks' traceback is in it already,
     and the kernel-side frames (this package, IPython) would only bury it."""
     stb = [f"\x1b[31m{etype.__name__}\x1b[0m: {value}"]
+    sys.last_type, sys.last_value, sys.last_traceback = etype, value, tb  # as IPython itself would
     shell._showtraceback(etype, value, stb)
     return stb
 

@@ -16,6 +16,7 @@ It imports nothing but the standard library, so it adds almost nothing to start-
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import json
 import linecache
 import os
@@ -111,6 +112,13 @@ def main(argv: list[str]) -> None:
     _die_with_parent()
     rank = _rank()
     _write(f"pid.{rank}", str(os.getpid()))
+    run_dir = os.environ.get(RUN_DIR_ENV)
+    if run_dir:
+        # A crash in native code (a C++ abort in gloo, a segfault) skips every except clause;
+        # faulthandler still writes the Python stack at that moment, and the file's time tells
+        # the launcher which rank went down first.
+        crash_log = open(Path(run_dir) / f"crash.{rank}", "w", encoding="utf-8")  # noqa: SIM115
+        faulthandler.enable(crash_log)
     script = Path(argv[0])
     label = os.environ.get(LABEL_ENV, str(script))
     source = script.read_text(encoding="utf-8")

@@ -141,6 +141,25 @@ def test_abort_at_exit_is_reported_as_such(tmp_path: Path) -> None:
     assert_nothing_left(tmp_path)
 
 
+def test_a_native_crash_is_blamed_not_the_ranks_it_took_down(tmp_path: Path) -> None:
+    path = script(tmp_path, """
+        dist.barrier()
+        if rank == 1:
+            os.abort()  # a C++ failure inside a rank: no Python exception, no except clause
+        time.sleep(1)
+        dist.all_reduce(torch.ones(1))  # the others now fail to reach rank 1, with Python errors
+        dist.destroy_process_group()
+    """)
+    with pytest.raises(LaunchError) as caught:
+        torchrun(path, nproc=3, timeout=120, echo=False)
+    message = str(caught.value)
+    assert caught.value.rank == 1, message
+    assert message.startswith("rank 1 of 3 crashed in native code (SIGABRT)")
+    assert 'job.py", line 12 in <module>' in message  # faulthandler's stack at the moment of the crash
+    assert "worker.py" not in message
+    assert_nothing_left(tmp_path)
+
+
 def test_two_launches_at_once(tmp_path: Path) -> None:
     results: dict[str, object] = {}
 

@@ -43,3 +43,5 @@ def test_failed_launch_shows_the_ranks_error_without_kernel_frames(shell: Intera
     assert "rank 1 of 2 raised ZeroDivisionError: division by zero" in text
     assert 'File "cell.py", line 3' in text
     assert "launch.py" not in text and "interactiveshell.py" not in text
+    import sys
+    assert sys.last_value is outcome.error_in_exec  # the next cell can inspect the error
