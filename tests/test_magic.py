@@ -1,6 +1,7 @@
 """The %%torchrun cell magic in a real IPython shell, with a real 2-rank launch."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -43,5 +44,4 @@ def test_failed_launch_shows_the_ranks_error_without_kernel_frames(shell: Intera
     assert "rank 1 of 2 raised ZeroDivisionError: division by zero" in text
     assert 'File "cell.py", line 3' in text
     assert "launch.py" not in text and "interactiveshell.py" not in text
-    import sys
     assert sys.last_value is outcome.error_in_exec  # the next cell can inspect the error
