@@ -3,7 +3,7 @@ from fractions import Fraction
 
 import pytest
 
-from fourcard_helpers.models import idle_fraction, peak_in_flight, pipeline_order, simulate_pipeline
+from fourcard_helpers.schedules import idle_fraction, peak_in_flight, pipeline_order, simulate_pipeline
 
 
 @pytest.mark.parametrize("schedule", ["GPipe", "1F1B"])
