@@ -87,12 +87,13 @@ class LaunchResult:
         return f"<LaunchResult: {self.nproc} ranks ok in {self.seconds:.1f} s, {said}>"
 
 
-def leftover_processes() -> list[int]:
-    """Pids of torchrun or rank processes that launches from this process left running.
+def leftover_processes(launcher_pid: int | None = None) -> list[int]:
+    """Pids of torchrun or rank processes that launches from this process (or from the
+    process `launcher_pid`, such as a kernel a test drives) left running.
 
     Always empty after a launch returns, fails or is interrupted; lessons and tests assert it.
     """
-    marker = f"{LAUNCHER_ENV}={os.getpid()}".encode()
+    marker = f"{LAUNCHER_ENV}={launcher_pid or os.getpid()}".encode()
     pids = []
     for entry in Path("/proc").glob("[0-9]*"):
         try:

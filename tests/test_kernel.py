@@ -7,31 +7,18 @@ from __future__ import annotations
 
 import queue
 import time
-from pathlib import Path
 from typing import Iterator
 
 import pytest
 from jupyter_client import KernelManager
+
+from fourcard_helpers.launch import leftover_processes
 
 CELL = """%%torchrun -n 4 --timeout 300
 import time
 print("ready", flush=True)
 time.sleep(300)
 """
-
-
-def marked_processes(kernel_pid: int) -> list[int]:
-    """Live processes started by launches from the kernel with this pid."""
-    marker = f"FOURCARD_LAUNCHER_PID={kernel_pid}".encode()
-    found = []
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            if marker in (entry / "environ").read_bytes().split(b"\0"):
-                if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
-                    found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
 
 
 def wait_until(condition, seconds: float) -> bool:
@@ -80,12 +67,12 @@ def start_launch(client: object) -> tuple[str, int]:
 def test_stop_button_ends_every_rank(kernel: tuple[KernelManager, object]) -> None:
     manager, client = kernel
     msg_id, kernel_pid = start_launch(client)
-    assert len(marked_processes(kernel_pid)) >= 5  # torchrun and four ranks are running
+    assert len(leftover_processes(kernel_pid)) >= 5  # torchrun and four ranks are running
     manager.interrupt_kernel()  # what the notebook's stop button does
     reply = client.get_shell_msg(timeout=60)
     assert reply["parent_header"]["msg_id"] == msg_id
     assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
-    assert wait_until(lambda: marked_processes(kernel_pid) == [], 10), marked_processes(kernel_pid)
+    assert wait_until(lambda: leftover_processes(kernel_pid) == [], 10), leftover_processes(kernel_pid)
     assert client.execute_interactive("1 + 1", timeout=60)["content"]["status"] == "ok"  # the kernel lives on
 
 
@@ -93,4 +80,4 @@ def test_kernel_restart_ends_every_rank(kernel: tuple[KernelManager, object]) ->
     manager, client = kernel
     _, kernel_pid = start_launch(client)
     manager.restart_kernel(now=True)  # the kernel is killed outright: no Python code of ours runs
-    assert wait_until(lambda: marked_processes(kernel_pid) == [], 15), marked_processes(kernel_pid)
+    assert wait_until(lambda: leftover_processes(kernel_pid) == [], 15), leftover_processes(kernel_pid)
