@@ -7,15 +7,23 @@ An exercise in a notebook looks like this:
 
     check.exercise("weighted average", lambda: check.close(weighted_average(g, n), reference))
 
+    %%solution                               # a hidden cell below (click to reveal)
+    def weighted_average(grads, sizes): ...
+    check.exercise("weighted average", lambda: check.close(weighted_average(g, n), reference))
+
 A learner who has not written the answer yet sees "not attempted"; a wrong answer shows
-what was expected; a hidden solution cell below runs the same check, so the notebook
-itself proves that the exercise can be solved.
+what was expected. The hidden `%%solution` cell (see magic.py) runs the same check on the
+reference answer in a copy of the notebook's namespace: "Run All" proves the exercise can be
+solved without overwriting the learner's attempt with the solution.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 import torch
+
+_checking_reference = False  # True while a %%solution cell runs: exercise() says so
 
 
 class CheckFailed(AssertionError):
@@ -52,6 +60,11 @@ def exercise(name: str, test: Callable[[], Any]) -> None:
     NotImplementedError means "not attempted yet" and is not an error; a wrong answer
     raises CheckFailed, so a notebook run top to bottom stops on it.
     """
+    if _checking_reference:
+        test()  # a reference solution that fails its own check is a bug in the lesson: raise
+        print(f"✓ {name}: the reference solution passes this check. Your own answer above is "
+              "untouched; click this cell's margin to read the solution.")
+        return
     try:
         test()
     except NotImplementedError:
@@ -61,3 +74,14 @@ def exercise(name: str, test: Callable[[], Any]) -> None:
         print(f"✗ {name}: not yet. {failure}")
         raise
     print(f"✓ {name}: correct.")
+
+
+@contextmanager
+def reference_solution() -> Iterator[None]:
+    """While active, `exercise()` checks a reference solution rather than the learner's answer."""
+    global _checking_reference
+    before, _checking_reference = _checking_reference, True
+    try:
+        yield
+    finally:
+        _checking_reference = before

@@ -4,9 +4,17 @@
     import torch.distributed as dist
     ...
 
+    %%solution
+    def weighted_average(grads, sizes): ...
+    check.exercise("Exercise 1", ...)
+
 The cell's value is the LaunchResult, so the next cell can read it as `_` (or as `run`
 when `--result run` is given). `--save` keeps the script as a file that runs unchanged
 from a terminal with `torchrun --nproc-per-node=4 scripts/train.py`.
+
+`%%solution` runs an exercise's hidden reference solution in a copy of the notebook's
+namespace, so "Run All" proves every solution passes its check while the learner's own
+definitions stay as the learner wrote them.
 """
 from __future__ import annotations
 
@@ -18,6 +26,7 @@ from typing import Any
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
+from . import check
 from .cards import CardsError
 from .launch import LaunchError, LaunchResult, torchrun
 
@@ -48,6 +57,19 @@ class TorchrunMagics(Magics):
         if options.result:
             self.shell.user_ns[options.result] = result
         return result
+
+    @cell_magic
+    def solution(self, line: str, cell: str) -> None:
+        """Run a reference solution and its check without touching the learner's names.
+
+        The cell runs in a shallow copy of the notebook's namespace: functions and variables
+        it defines vanish with the copy (objects it mutates in place are shared, so a
+        solution should not mutate what the lesson uses later).
+        """
+        namespace = dict(self.shell.user_ns)
+        code = self.shell.transform_cell(cell)  # magics inside the solution still work
+        with check.reference_solution():
+            exec(compile(code, "<solution>", "exec"), namespace)  # noqa: S102 - the lesson's own cell
 
 
 def _show_error(shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: int | None = None) -> list[str]:

@@ -45,3 +45,27 @@ def test_failed_launch_shows_the_ranks_error_without_kernel_frames(shell: Intera
     assert 'File "cell.py", line 3' in text
     assert "launch.py" not in text and "interactiveshell.py" not in text
     assert sys.last_value is outcome.error_in_exec  # the next cell can inspect the error
+
+
+def test_solution_checks_the_reference_without_touching_the_learners_names(
+        shell: InteractiveShell, capsys: pytest.CaptureFixture[str]) -> None:
+    shell.run_cell("from fourcard_helpers import check\n"
+                   "def double(x):\n    raise NotImplementedError\n"
+                   "check.exercise('double', lambda: check.equal(double(2), 4))")
+    assert "not attempted" in capsys.readouterr().out
+    outcome = shell.run_cell("%%solution\ndef double(x):\n    return 2 * x\n"
+                             "helper = 1\ncheck.exercise('double', lambda: check.equal(double(2), 4))")
+    assert outcome.success
+    assert "reference solution passes" in capsys.readouterr().out
+    with pytest.raises(NotImplementedError):  # the learner's stub is still theirs
+        shell.user_ns["double"](2)
+    assert "helper" not in shell.user_ns
+
+
+def test_a_wrong_reference_solution_fails_the_cell(shell: InteractiveShell) -> None:
+    outcome = shell.run_cell("%%solution\nfrom fourcard_helpers import check\n"
+                             "check.exercise('triple', lambda: check.equal(2 * 3, 7))")
+    assert type(outcome.error_in_exec).__name__ == "CheckFailed"
+    stub = shell.run_cell("%%solution\nfrom fourcard_helpers import check\n"
+                          "def f():\n    raise NotImplementedError\ncheck.exercise('f', f)")
+    assert isinstance(stub.error_in_exec, NotImplementedError)  # a solution must be complete

@@ -1,9 +1,10 @@
 """The course's conventions, checked on every notebook's source (nbval checks the outputs).
 
-A learner relies on each of these: a title that says what they will be able to do, exercises
-with a check and a hidden solution, launches whose output nbval does not compare (rank order
-varies) and scripts that leave their process group cleanly (a rank that does not can abort
-at exit under gloo).
+A learner relies on each of these: a title that says what they will be able to do; exercises
+with a check and a hidden `%%solution` that "Run All" proves without overwriting the learner's
+attempt, at least one of them asking for code; launches whose output nbval does not compare
+(rank order varies), one idea each (short), saved as the script file the lesson ships, and
+leaving their process group cleanly (a rank that does not can abort at exit under gloo).
 """
 from __future__ import annotations
 
@@ -38,22 +39,72 @@ def test_title_summary_and_exercises(path: Path) -> None:
     assert re.search(r"^## Summary", text, re.M) and re.search(r"^## Exercises", text, re.M)
 
 
+MAX_LAUNCH_LINES = 65  # "one idea per launch": a script a learner reads in one screen or two
+
+
+def hidden(cell: dict) -> bool:
+    return bool(cell["metadata"].get("jupyter", {}).get("source_hidden"))
+
+
+def output_text(cell: dict) -> str:
+    return "".join("".join(out.get("text", "")) for out in cell.get("outputs", []))
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_every_exercise_has_a_check_and_a_hidden_solution(path: Path) -> None:
     code = [c for c in cells(path) if c["cell_type"] == "code"]
-    checks = [source(c) for c in code if "check.exercise(" in source(c) and not c["metadata"].get("jupyter", {}).get("source_hidden")]
-    solutions = [c for c in code if source(c).startswith("# Solution") and c["metadata"].get("jupyter", {}).get("source_hidden")]
+    checks = [c for c in code if "check.exercise(" in source(c) and not source(c).startswith("%%solution")]
+    solutions = [c for c in code if source(c).startswith("%%solution")]
     assert checks, "no exercise check"
+    assert all(hidden(c) for c in solutions), "a %%solution cell must have its source hidden"
     assert len(solutions) >= len(checks) and all("check.exercise(" in source(c) for c in solutions)
+    assert not [c for c in code if source(c).startswith("# Solution")], "solutions run as %%solution cells"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_launch_cells_are_not_compared_and_leave_cleanly(path: Path) -> None:
+def test_run_all_leaves_the_learners_attempt_alone(path: Path) -> None:
+    """The stored outputs come from Run All: every learner's check must still say 'not attempted'."""
     for cell in cells(path):
         text = source(cell)
-        if cell["cell_type"] != "code" or not text.startswith("%%torchrun"):
-            continue
-        tags = cell["metadata"].get("tags", [])
-        assert "nbval-ignore-output" in tags or "NBVAL_IGNORE_OUTPUT" in text, text[:80]
-        if "init_process_group(" in text or "init_device_mesh(" in text:
-            assert "destroy_process_group()" in text, f"script never leaves its group:\n{text[:200]}"
+        if cell["cell_type"] == "code" and "check.exercise(" in text and not text.startswith("%%solution"):
+            assert "not attempted" in output_text(cell), f"a check ran a solution, not the learner's stub:\n{text[:200]}"
+        if cell["cell_type"] == "code" and text.startswith("%%solution"):
+            assert "reference solution passes" in output_text(cell), text[:200]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_at_least_one_exercise_asks_for_code(path: Path) -> None:
+    stubs = [source(c) for c in cells(path) if c["cell_type"] == "code" and "raise NotImplementedError" in source(c)
+             and not source(c).startswith("%%solution") and re.search(r"^\s*(def|class) ", source(c), re.M)]
+    assert stubs, "no exercise asks the learner to write a function, class or script"
+
+
+def launches(path: Path) -> list[tuple[str, str]]:
+    """(magic line, script body) of every %%torchrun cell."""
+    found = []
+    for cell in cells(path):
+        text = source(cell)
+        if cell["cell_type"] == "code" and text.startswith("%%torchrun"):
+            line, _, body = text.partition("\n")
+            found.append((line, body))
+    return found
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_launch_is_one_short_script_saved_as_the_file_the_course_ships(path: Path) -> None:
+    for line, body in launches(path):
+        saved = re.search(r"--save\s+(\S+)", line)
+        assert saved, f"{line}: give every launch --save scripts/{path.name[:2]}_what_it_does.py"
+        assert re.fullmatch(rf"scripts/{path.name[:2]}_[a-z0-9_]+\.py", saved.group(1)), saved.group(1)
+        lines = body.rstrip("\n").count("\n") + 1
+        assert lines <= MAX_LAUNCH_LINES, f"{saved.group(1)}: {lines} lines; split it into one idea per launch"
+        shipped = path.parent / saved.group(1)
+        assert shipped.is_file(), f"{shipped.name} is not committed"
+        assert shipped.read_text(encoding="utf-8") == body, f"{shipped.name} differs from its cell: re-run the cell"
+
+
+def test_every_shipped_script_comes_from_a_cell() -> None:
+    saved = {(path.parent / re.search(r"--save\s+(\S+)", line).group(1)).resolve()
+             for path in NOTEBOOKS for line, _ in launches(path) if "--save" in line}
+    shipped = {p.resolve() for p in (NOTEBOOKS[0].parent / "scripts").glob("[0-9][0-9]_*.py")}
+    assert shipped <= saved, f"stale scripts no cell saves: {sorted(p.name for p in shipped - saved)}"
