@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, TextIO
 
 from .cards import Cards, detect
-from .worker import LABEL_ENV, REPO_ROOT, RUN_DIR_ENV, shorten_paths
+from .doctor import examine
+from .worker import DOCTOR_ENV, LABEL_ENV, REPO_ROOT, RUN_DIR_ENV, shorten_paths
 
 LAUNCHER_ENV = "FOURCARD_LAUNCHER_PID"
 POLL_SECONDS = 0.05  # how often rank output is forwarded; small against a 5 s launch
@@ -73,6 +74,7 @@ class LaunchResult:
     seconds: float
     reports: dict[int, dict[str, Any]] = field(default_factory=dict)
     log: str = ""
+    warnings: list[str] = field(default_factory=list)  # the DDP doctor's findings (doctor.py)
 
     def values(self, key: str) -> list[Any]:
         """`key` as reported by every rank, in rank order (rank 0 first)."""
@@ -350,7 +352,8 @@ def _script_file(script: str | Path, run_dir: Path) -> tuple[Path, str]:
 
 
 def torchrun(script: str | Path, nproc: int = 4, args: Iterable[str] = (), timeout: float = 600,
-             env: Mapping[str, str] | None = None, echo: bool = True, label: str | None = None) -> LaunchResult:
+             env: Mapping[str, str] | None = None, echo: bool = True, label: str | None = None,
+             doctor: bool = True) -> LaunchResult:
     """Run `script` on `nproc` ranks with torchrun and return what the ranks reported.
 
     `script` is a path to a .py file, or the source of one. Each rank's output is printed
@@ -364,7 +367,7 @@ def torchrun(script: str | Path, nproc: int = 4, args: Iterable[str] = (), timeo
     launch = _Launch(cards, echo)
     try:
         path, default_label = _script_file(script, launch.run_dir)
-        rank_env = rank_environment(cards, launch.run_dir, label or default_label, env)
+        rank_env = rank_environment(cards, launch.run_dir, label or default_label, {DOCTOR_ENV: "1" if doctor else "0", **(env or {})})
         if echo:
             threads = rank_env["OMP_NUM_THREADS"]
             cores = os.cpu_count() or 1
@@ -399,6 +402,11 @@ def torchrun(script: str | Path, nproc: int = 4, args: Iterable[str] = (), timeo
         if launch.proc.returncode != 0 or launch.files("error"):
             raise launch.failure()
         result = LaunchResult(nproc, cards, 0, seconds, launch.reports(), "".join(launch.lines))
+        if doctor:
+            records = {rank: json.loads(path.read_text()) for rank, path in launch.files("doctor").items()}
+            result.warnings = examine(records, nproc)
+            for warning in result.warnings if echo else ():
+                print(f"torchrun: doctor: {warning}", flush=True)
         if echo:
             print(f"torchrun: {nproc} ranks finished in {seconds:.1f} s", flush=True)
         return result

@@ -40,6 +40,7 @@ class TorchrunMagics(Magics):
     @argument("--timeout", type=float, default=600, help="seconds before every rank is stopped")
     @argument("--save", default=None, help="also write the script to this file and run it from there")
     @argument("--result", default=None, help="store the LaunchResult under this name")
+    @argument("--no-doctor", action="store_true", help="do not check the script for data-parallel mistakes")
     @cell_magic
     def torchrun(self, line: str, cell: str) -> LaunchResult:
         """Run the cell as a script on N ranks with torchrun; everything after `--` goes to the script."""
@@ -53,7 +54,8 @@ class TorchrunMagics(Magics):
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(cell, encoding="utf-8")
             script = path
-        result = torchrun(script, nproc=options.nproc, args=script_args, timeout=options.timeout)
+        result = torchrun(script, nproc=options.nproc, args=script_args, timeout=options.timeout,
+                          doctor=not options.no_doctor)
         if options.result:
             self.shell.user_ns[options.result] = result
         return result

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 RUN_DIR_ENV = "FOURCARD_RUN_DIR"  # where reports, errors and pids of this launch go
-LABEL_ENV = "FOURCARD_SCRIPT_LABEL"  # the name tracebacks show for the script
+LABEL_ENV = "FOURCARD_SCRIPT_LABEL"
+DOCTOR_ENV = "FOURCARD_DOCTOR"  # "0": do not watch the script for data-parallel mistakes  # the name tracebacks show for the script
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -128,6 +129,12 @@ def main(argv: list[str]) -> None:
     sys.path.insert(0, str(script.resolve().parent))
     namespace = {"__name__": "__main__", "__file__": str(script), "__builtins__": __builtins__}
     code = 0
+    observer = None
+    if run_dir and os.environ.get(DOCTOR_ENV, "1") != "0":
+        from .doctor import Observer
+
+        observer = Observer()
+        observer.install()
     try:
         exec(compile(source, label, "exec"), namespace)
     except SystemExit as stop:
@@ -151,6 +158,8 @@ def main(argv: list[str]) -> None:
         code = 1
     _flush()
     if code == 0:
+        if observer is not None:
+            _write(f"doctor.{rank}", json.dumps(observer.record()))
         _write(f"done.{rank}", "")
     os._exit(code)
 
