@@ -19,7 +19,7 @@ _EXPORTS = {
     "download_full_mnist": "data", "MnistDataError": "data",
     "MnistCNN": "models",
 }
-_MODULES = {"cards", "launch", "worker", "data", "models", "schedules", "plots", "check", "costmodel", "magic"}
+_MODULES = {"cards", "launch", "rundir", "diagnose", "worker", "data", "models", "schedules", "plots", "check", "costmodel", "magic"}
 
 __all__ = sorted(_EXPORTS) + sorted(_MODULES) + ["load_ipython_extension"]
 

@@ -68,9 +68,19 @@ def read_idx(path: Path) -> torch.Tensor:
     return torch.frombuffer(bytearray(body), dtype=IDX_TYPES[kind]).reshape(shape)
 
 
-@lru_cache(maxsize=4)
 def load_mnist_raw(split: str = "train", full: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pixels as stored (uint8, 0-255, shape N×28×28) and labels (int64, shape N)."""
+    """Pixels as stored (uint8, 0-255, shape N×28×28) and labels (int64, shape N).
+
+    The caller's own copies: editing them in place cannot change what a later call (or
+    `normalisation()`) reads.
+    """
+    images, labels = _read_split(split, full)
+    return images.clone(), labels.clone()
+
+
+@lru_cache(maxsize=4)
+def _read_split(split: str, full: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The files of one split, read once per process; never handed out (see load_mnist_raw)."""
     if split not in FILES:
         raise ValueError(f"split must be 'train' or 'test', not {split!r}")
     folder = FULL_DIR if full else SUBSET_DIR
@@ -86,7 +96,7 @@ def normalisation(full: bool = False) -> tuple[float, float]:
 
     Computed from the training split only: the test set must not leak into preprocessing.
     """
-    pixels = load_mnist_raw("train", full)[0].double() / 255
+    pixels = _read_split("train", full)[0].double() / 255
     return pixels.mean().item(), pixels.std().item()
 
 
@@ -96,12 +106,12 @@ def load_mnist(split: str = "train", full: bool = False, normalize: bool = True)
     With `normalize` the pixels are standardised with the training set's mean and standard
     deviation; without it they are scaled to 0-1.
     """
-    images, labels = load_mnist_raw(split, full)
-    x = images.float().div(255).unsqueeze(1)
+    images, labels = _read_split(split, full)
+    x = images.float().div(255).unsqueeze(1)  # a new tensor: the cached pixels stay as read
     if normalize:
         mean, std = normalisation(full)
         x = (x - mean) / std
-    return TensorDataset(x, labels)
+    return TensorDataset(x, labels.clone())
 
 
 def download_full_mnist(folder: Path = FULL_DIR) -> Path:
@@ -131,7 +141,7 @@ def download_full_mnist(folder: Path = FULL_DIR) -> Path:
             break
         else:
             raise MnistDataError(f"could not download {name}: " + "; ".join(errors))
-    load_mnist_raw.cache_clear()
+    _read_split.cache_clear()
     normalisation.cache_clear()
     return folder
 

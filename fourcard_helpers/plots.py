@@ -1,4 +1,10 @@
-"""Figures the lessons share. Each returns its matplotlib Figure and keeps PNGs small."""
+"""Figures the lessons share. Each returns its matplotlib Figure and keeps PNGs small.
+
+Every helper leaves its figure open, as `plt.subplots` does: a notebook shows it once, at the
+end of the cell, after any changes the cell makes to it. So do not also make the call the
+cell's last value (that would show it a second time): assign it (`fig = plots.timeline(...)`)
+or end the line with `;`.
+"""
 from __future__ import annotations
 
 from typing import Iterable, Sequence
@@ -13,11 +19,7 @@ CARD_COLOURS = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860"
 
 def show_digits(images: torch.Tensor, labels: Sequence[int], predictions: Sequence[int] | None = None,
                 columns: int = 8, title: str | None = None) -> Figure:
-    """A grid of digits with their labels (and predictions, red where wrong).
-
-    The figure is closed and returned: end a cell with the call and the notebook shows it
-    once, as the cell's value.
-    """
+    """A grid of digits with their labels (and predictions, red where wrong)."""
     count = len(images)
     rows = (count + columns - 1) // columns
     fig, axes = plt.subplots(rows, columns, figsize=(columns * 0.9, rows * 1.05), dpi=DPI, squeeze=False)
@@ -34,7 +36,6 @@ def show_digits(images: torch.Tensor, labels: Sequence[int], predictions: Sequen
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    plt.close(fig)
     return fig
 
 

@@ -1,36 +1,42 @@
 """What runs inside each rank of a launch.
 
 `torchrun` starts `python -m fourcard_helpers.worker SCRIPT ARGS...` once per rank. This
-module runs the lesson's script as `__main__` and adds the three things a notebook needs
-from a rank that plain `python SCRIPT` does not give:
+module runs the lesson's script as `__main__`, as `python SCRIPT` would, and leaves the
+records the notebook reads in the run folder (see rundir.py):
 
 * `report(**values)` sends results back to the notebook (a JSON line per call);
-* an exception is written down with the rank that raised it, so the notebook can show the
-  first failing rank's traceback instead of torchrun's summary of every SIGTERM;
-* the rank ends with `os._exit` once the script is done. Ending through normal interpreter
-  shutdown destroys gloo's work objects in an arbitrary order and was seen to abort
+* the rank's output goes to its own files, so the notebook can show each line with its rank;
+* an exception (or a non-zero `sys.exit`) is written down with its time, so the notebook can
+  show the first failing rank's traceback instead of torchrun's summary of every SIGTERM;
+* the rank ends the way a script ends in a terminal (non-daemon threads joined, `atexit`
+  handlers run, open files flushed), then with `os._exit`. Ending through the interpreter's
+  own teardown destroys gloo's work objects in an arbitrary order and was seen to abort
   ("terminate called without an active exception", SIGABRT) in a fair share of runs.
 
 It imports nothing but the standard library, so it adds almost nothing to start-up time.
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
 import faulthandler
-import json
+import gc
+import io
 import linecache
 import os
 import re
 import signal
 import sys
+import threading
 import time
 import traceback
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
-RUN_DIR_ENV = "FOURCARD_RUN_DIR"  # where reports, errors and pids of this launch go
-LABEL_ENV = "FOURCARD_SCRIPT_LABEL"
-DOCTOR_ENV = "FOURCARD_DOCTOR"  # "0": do not watch the script for data-parallel mistakes  # the name tracebacks show for the script
+from .rundir import CRASH, DOCTOR, DOCTOR_ENV, DONE, ERROR, LABEL_ENV, PID, REPORT, RUN_DIR_ENV, STDERR, STDOUT, RunDir
+
+__all__ = ["report", "shorten_paths", "RUN_DIR_ENV", "LABEL_ENV", "REPO_ROOT"]
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -38,19 +44,31 @@ def _rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
-def _jsonable(value: Any) -> Any:
-    """Turn tensors, numpy values, tuples and dtypes into plain JSON data."""
+def _jsonable(value: Any, name: str) -> Any:
+    """Plain JSON data for a reported value: tensors and numpy values become (nested) lists or
+    numbers; dtypes, devices and paths their printed form, which is what a lesson compares.
+
+    Anything else is refused: its printed form ('<object object at 0x...>') would arrive in
+    the notebook looking like data and mean nothing.
+    """
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, dict):
-        return {str(key): _jsonable(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple, set)):
-        return [_jsonable(item) for item in value]
+        return {str(key): _jsonable(item, f"{name}[{key!r}]") for key, item in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_jsonable(item, f"{name}[{index}]") for index, item in enumerate(value)]
     if hasattr(value, "tolist"):  # torch.Tensor, numpy arrays and scalars
-        return _jsonable(value.detach().cpu().tolist() if hasattr(value, "detach") else value.tolist())
+        return _jsonable(value.detach().cpu().tolist() if hasattr(value, "detach") else value.tolist(), name)
     if hasattr(value, "item"):
-        return _jsonable(value.item())
-    return str(value)  # dtypes, devices, paths: their printed form is what a lesson compares
+        return _jsonable(value.item(), name)
+    if isinstance(value, PurePath) or type(value).__name__ in ("dtype", "device", "DType") or \
+            type(value).__module__.startswith("numpy"):
+        return str(value)
+    raise TypeError(
+        f"report({name}=...) got a value of type {type(value).__module__}.{type(value).__qualname__}, "
+        "which cannot travel to the notebook: report numbers, strings, lists, dicts, tensors or "
+        f"numpy values (pass str(...) if its printed form is what you want to compare)."
+    )
 
 
 def report(**values: Any) -> None:
@@ -60,14 +78,14 @@ def report(**values: Any) -> None:
     most). Run outside the course's launcher (a script started with plain `torchrun`), the
     values are printed instead, so the same script still tells you its results.
     """
-    data = _jsonable(values)
-    run_dir = os.environ.get(RUN_DIR_ENV)
-    if not run_dir:
+    import json  # only a reporting rank pays for it
+
+    data = {name: _jsonable(value, name) for name, value in values.items()}
+    run = RunDir.from_env()
+    if run is None:
         print(f"report from rank {_rank()}: {json.dumps(data)}", flush=True)
         return
-    line = json.dumps(data) + "\n"
-    with open(Path(run_dir) / f"report.{_rank()}", "a", encoding="utf-8") as out:
-        out.write(line)
+    run.append_json(REPORT, _rank(), data)
 
 
 def shorten_paths(text: str) -> str:
@@ -78,32 +96,59 @@ def shorten_paths(text: str) -> str:
 
 
 def _die_with_parent() -> None:
-    """Ask Linux to kill this rank if torchrun dies, so a killed kernel leaves no rank behind."""
+    """Ask Linux to kill this rank if torchrun dies, so a killed kernel leaves no rank behind.
+
+    Set here, in the rank itself after exec, not in a `preexec_fn`. CDLL(None) is the C library
+    the interpreter already runs on (glibc or musl both provide prctl).
+    """
     if not sys.platform.startswith("linux"):
         return
     parent = os.getppid()
     try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        if os.environ.get("LOCAL_RANK", "0") == "0":
+            print("fourcard: this system's C library has no prctl(), so ranks cannot ask to die with "
+                  "torchrun; if torchrun is killed, stop its ranks yourself (see leftover_processes()).",
+                  file=sys.stderr, flush=True)
         return
+    prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     if os.getppid() != parent:  # the parent died before prctl took effect
         os._exit(1)
 
 
-def _write(name: str, text: str) -> None:
-    run_dir = os.environ.get(RUN_DIR_ENV)
-    if run_dir:
-        partial = Path(run_dir) / f"{name}.partial"
-        partial.write_text(text, encoding="utf-8")
-        partial.rename(Path(run_dir) / name)  # the launcher never sees half a file
+def _redirect_output(run: RunDir, rank: int) -> None:
+    """Send this rank's file descriptors 1 and 2 to its own files in the run folder, so that
+    native code (gloo's warnings, a C++ abort message) lands there too, not only Python's."""
+    for fd, kind in ((1, STDOUT), (2, STDERR)):
+        target = os.open(run.file(kind, rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(target, fd)
+        os.close(target)
 
 
-def _flush() -> None:
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
+def _error_record(error: BaseException, rank: int, when: float) -> dict[str, Any]:
+    frames = traceback.extract_tb(error.__traceback__)[1:]  # drop this module's exec frame
+    lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames)]
+    lines += traceback.format_exception_only(type(error), error)
+    return {"rank": rank, "time": when, "type": type(error).__name__,
+            "message": str(error), "traceback": shorten_paths("".join(lines))}
+
+
+def _end_as_a_terminal_would() -> None:
+    """What Python does at exit that a script can notice: wait for the script's non-daemon
+    threads, run its `atexit` handlers, flush the files it left open, flush stdout/stderr.
+    Only the destruction of every object is skipped (see the module's docstring)."""
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()  # prints a failing handler's traceback, as the interpreter does
+    for obj in gc.get_objects():  # buffered files the script never closed
+        if type(obj) in (io.TextIOWrapper, io.BufferedWriter, io.BufferedRandom):
+            try:
+                if not obj.closed and obj.writable():
+                    obj.flush()
+            except (OSError, ValueError):
+                pass
 
 
 def main(argv: list[str]) -> None:
@@ -112,13 +157,14 @@ def main(argv: list[str]) -> None:
         sys.exit("usage: python -m fourcard_helpers.worker SCRIPT [ARGS...]")
     _die_with_parent()
     rank = _rank()
-    _write(f"pid.{rank}", str(os.getpid()))
-    run_dir = os.environ.get(RUN_DIR_ENV)
-    if run_dir:
+    run = RunDir.from_env()
+    if run is not None:
+        _redirect_output(run, rank)
+        run.write(PID, rank, str(os.getpid()))
         # A crash in native code (a C++ abort in gloo, a segfault) skips every except clause;
         # faulthandler still writes the Python stack at that moment, and the file's time tells
         # the launcher which rank went down first.
-        crash_log = open(Path(run_dir) / f"crash.{rank}", "w", encoding="utf-8")  # noqa: SIM115
+        crash_log = open(run.file(CRASH, rank), "w", encoding="utf-8")  # noqa: SIM115
         faulthandler.enable(crash_log)
     script = Path(argv[0])
     label = os.environ.get(LABEL_ENV, str(script))
@@ -130,37 +176,41 @@ def main(argv: list[str]) -> None:
     namespace = {"__name__": "__main__", "__file__": str(script), "__builtins__": __builtins__}
     code = 0
     observer = None
-    if run_dir and os.environ.get(DOCTOR_ENV, "1") != "0":
-        from .doctor import Observer
+    if run is not None and os.environ.get(DOCTOR_ENV, "1") != "0":
+        from .doctor import Observer  # imports torch, which the script is about to import anyway
 
         observer = Observer()
         observer.install()
     try:
         exec(compile(source, label, "exec"), namespace)
     except SystemExit as stop:
+        when = time.time()
         if isinstance(stop.code, int) or stop.code is None:
             code = stop.code or 0
         else:  # sys.exit("message"): print it, as Python itself would
             print(stop.code, file=sys.stderr)
             code = 1
+        if code and run is not None:
+            record = _error_record(stop, rank, when)
+            record["message"] = f"sys.exit({stop.code!r})"
+            run.write_json(ERROR, rank, record | {"exitcode": code})
     except BaseException as error:  # noqa: BLE001 - every failure must reach the notebook
-        frames = traceback.extract_tb(error.__traceback__)[1:]  # drop this module's exec frame
-        lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames)]
-        lines += traceback.format_exception_only(type(error), error)
-        text = shorten_paths("".join(lines))
-        _write(
-            f"error.{rank}",
-            json.dumps({"rank": rank, "time": time.time(), "type": type(error).__name__,
-                        "message": str(error), "traceback": text}),
-        )
-        if not os.environ.get(RUN_DIR_ENV):  # under the launcher, its LaunchError shows it
-            print(text, file=sys.stderr, end="")
+        record = _error_record(error, rank, time.time())  # when it reached the script, not when written
+        if run is not None:
+            run.write_json(ERROR, rank, record)
+        else:
+            print(record["traceback"], file=sys.stderr, end="")
         code = 1
-    _flush()
-    if code == 0:
+    if code == 0 and run is not None:
         if observer is not None:
-            _write(f"doctor.{rank}", json.dumps(observer.record()))
-        _write(f"done.{rank}", "")
+            run.write_json(DOCTOR, rank, observer.record())
+        run.write(DONE, rank, "")
+    _end_as_a_terminal_would()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
     os._exit(code)
 
 

@@ -24,6 +24,20 @@ def test_shipped_subset_is_real_balanced_and_split() -> None:
     assert train_y[:20].unique().numel() > 5  # shuffled, not sorted by digit
 
 
+def test_callers_cannot_corrupt_what_later_loads_read() -> None:
+    mean, std = normalisation()
+    images, labels = load_mnist_raw("train")
+    first_label = labels[0].item()
+    images.zero_()  # an in-place edit by one caller...
+    labels.fill_(-1)
+    load_mnist("train").tensors[1].fill_(-1)
+    again_images, again_labels = load_mnist_raw("train")  # ...is not what the next caller gets
+    assert again_images.float().mean() > 0 and again_labels[0].item() == first_label
+    assert load_mnist("train").tensors[1][0].item() == first_label
+    normalisation.cache_clear()
+    assert normalisation() == (mean, std)
+
+
 def test_normalisation_is_computed_from_training_pixels() -> None:
     mean, std = normalisation()
     pixels = load_mnist_raw("train")[0].double() / 255
@@ -55,12 +69,12 @@ def test_full_set_is_read_from_its_folder(tmp_path: Path, monkeypatch: pytest.Mo
         write_idx(tmp_path / image_name, torch.zeros(6, 28, 28, dtype=torch.uint8))
         write_idx(tmp_path / label_name, torch.arange(6, dtype=torch.uint8))
     monkeypatch.setattr(data, "FULL_DIR", tmp_path)
-    data.load_mnist_raw.cache_clear()
+    data._read_split.cache_clear()
     try:
         images, labels = load_mnist_raw("test", full=True)
         assert images.shape == (6, 28, 28) and labels.tolist() == list(range(6))
     finally:
-        data.load_mnist_raw.cache_clear()
+        data._read_split.cache_clear()
 
 
 def test_missing_file_names_it_and_the_fix(tmp_path: Path) -> None:

@@ -21,7 +21,9 @@ time.sleep(300)
 """
 
 
-def wait_until(condition, seconds: float) -> bool:
+def wait_until(condition, seconds: float = 120) -> bool:
+    """Wait for `condition` (an event, such as the last rank ending); `seconds` only bounds a
+    failure, far beyond the few seconds stopping takes."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if condition():
@@ -52,7 +54,7 @@ def start_launch(client: object) -> tuple[str, int]:
     kernel_pid = int(next(m["content"]["text"] for m in outputs if m["msg_type"] == "stream"))
     msg_id = client.execute(CELL)
     ready = 0
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 300  # bounds a failure only; the loop ends at the fourth 'ready'
     while ready < 4 and time.monotonic() < deadline:
         try:
             msg = client.get_iopub_msg(timeout=1)
@@ -69,10 +71,10 @@ def test_stop_button_ends_every_rank(kernel: tuple[KernelManager, object]) -> No
     msg_id, kernel_pid = start_launch(client)
     assert len(leftover_processes(kernel_pid)) >= 5  # torchrun and four ranks are running
     manager.interrupt_kernel()  # what the notebook's stop button does
-    reply = client.get_shell_msg(timeout=60)
+    reply = client.get_shell_msg(timeout=120)
     assert reply["parent_header"]["msg_id"] == msg_id
     assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
-    assert wait_until(lambda: leftover_processes(kernel_pid) == [], 10), leftover_processes(kernel_pid)
+    assert wait_until(lambda: leftover_processes(kernel_pid) == []), leftover_processes(kernel_pid)
     assert client.execute_interactive("1 + 1", timeout=60)["content"]["status"] == "ok"  # the kernel lives on
 
 
@@ -80,4 +82,4 @@ def test_kernel_restart_ends_every_rank(kernel: tuple[KernelManager, object]) ->
     manager, client = kernel
     _, kernel_pid = start_launch(client)
     manager.restart_kernel(now=True)  # the kernel is killed outright: no Python code of ours runs
-    assert wait_until(lambda: leftover_processes(kernel_pid) == [], 15), leftover_processes(kernel_pid)
+    assert wait_until(lambda: leftover_processes(kernel_pid) == []), leftover_processes(kernel_pid)
