@@ -79,8 +79,8 @@ HINTS: tuple[tuple[str, bool, str], ...] = (
      "A rank has no keyboard: input() and reads of sys.stdin get nothing under a launcher. Pass "
      "the value as an argument to the script (after `--` on the %%torchrun line) or set it in the script."),
     (r"can't allocate memory|out of memory|OutOfMemoryError", False,
-     "The rank ran out of memory. Every rank holds its own model, optimizer state and batch, and "
-     "simulated cards share one machine's memory: use a smaller batch or model, or fewer ranks."),
+     "The rank ran out of memory. Every rank holds its own model, optimizer state and batch (and "
+     "simulated cards all share one machine's memory): use a smaller batch or model, or fewer ranks."),
 )
 
 
