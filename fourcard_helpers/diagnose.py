@@ -137,7 +137,11 @@ def _timed_out(run: RunDir, nproc: int, timeout: float, errors: dict[int, Any], 
                "running and all ranks were stopped. A rank that waits forever usually sits in "
                "a collective (all_reduce, barrier, ...) that another rank never called; "
                "if the work is just slow, pass a larger timeout.")
-    if finished and running:
+    if not running:
+        message = (f"the launch ran past its timeout of {timeout:g} s although every rank had finished "
+                   "its script; all ranks were stopped. A rank can be held at exit by a thread it "
+                   "started (not a daemon) or an atexit handler; on a busy machine, pass a larger timeout.")
+    elif finished:
         message += (f" Rank(s) {sorted(finished)} had finished their script while the others waited: "
                     "look for a collective, or dist.init_process_group itself, that only some ranks reach.")
     return LaunchError(message, running[0] if running else None, log)
