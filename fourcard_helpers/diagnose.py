@@ -79,8 +79,8 @@ HINTS: tuple[tuple[str, bool, str], ...] = (
      "A rank has no keyboard: input() and reads of sys.stdin get nothing under a launcher. Pass "
      "the value as an argument to the script (after `--` on the %%torchrun line) or set it in the script."),
     (r"can't allocate memory|out of memory|OutOfMemoryError", False,
-     "The rank ran out of memory. Every rank holds its own model, optimizer state and batch, and "
-     "simulated cards share one machine's memory: use a smaller batch or model, or fewer ranks."),
+     "The rank ran out of memory. Every rank holds its own model, optimizer state and batch (and "
+     "simulated cards all share one machine's memory): use a smaller batch or model, or fewer ranks."),
 )
 
 
@@ -137,7 +137,11 @@ def _timed_out(run: RunDir, nproc: int, timeout: float, errors: dict[int, Any], 
                "running and all ranks were stopped. A rank that waits forever usually sits in "
                "a collective (all_reduce, barrier, ...) that another rank never called; "
                "if the work is just slow, pass a larger timeout.")
-    if finished and running:
+    if not running:
+        message = (f"the launch ran past its timeout of {timeout:g} s although every rank had finished "
+                   "its script; all ranks were stopped. A rank can be held at exit by a thread it "
+                   "started (not a daemon) or an atexit handler; on a busy machine, pass a larger timeout.")
+    elif finished:
         message += (f" Rank(s) {sorted(finished)} had finished their script while the others waited: "
                     "look for a collective, or dist.init_process_group itself, that only some ranks reach.")
     return LaunchError(message, running[0] if running else None, log)

@@ -18,9 +18,10 @@ It imports nothing but the standard library, so it adds almost nothing to start-
 from __future__ import annotations
 
 import atexit
+import builtins
 import ctypes
 import faulthandler
-import gc
+import functools
 import io
 import linecache
 import os
@@ -30,6 +31,7 @@ import sys
 import threading
 import time
 import traceback
+import weakref
 from pathlib import Path, PurePath
 from typing import Any
 
@@ -127,7 +129,10 @@ def _redirect_output(run: RunDir, rank: int) -> None:
 
 
 def _error_record(error: BaseException, rank: int, when: float) -> dict[str, Any]:
-    frames = traceback.extract_tb(error.__traceback__)[1:]  # drop this module's exec frame
+    # The script's frames (and the libraries it called), not this module's exec or report().
+    plumbing = {str(Path(__file__).resolve()), str(Path(__file__).resolve().with_name("rundir.py"))}
+    frames = [frame for frame in traceback.extract_tb(error.__traceback__)
+              if str(Path(frame.filename).resolve()) not in plumbing]
     lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames)]
     lines += traceback.format_exception_only(type(error), error)
     return {"rank": rank, "time": when, "type": type(error).__name__,
@@ -142,13 +147,26 @@ def _end_as_a_terminal_would() -> None:
         if thread is not threading.main_thread() and not thread.daemon:
             thread.join()
     atexit._run_exitfuncs()  # prints a failing handler's traceback, as the interpreter does
-    for obj in gc.get_objects():  # buffered files the script never closed
-        if type(obj) in (io.TextIOWrapper, io.BufferedWriter, io.BufferedRandom):
-            try:
-                if not obj.closed and obj.writable():
-                    obj.flush()
-            except (OSError, ValueError):
-                pass
+    for file in list(_OPENED):  # files the script opened and never closed
+        try:
+            if not file.closed and file.writable():
+                file.flush()
+        except (OSError, ValueError):
+            pass
+
+
+_OPENED: weakref.WeakSet[Any] = weakref.WeakSet()
+_REAL_OPEN = io.open
+
+
+@functools.wraps(_REAL_OPEN)
+def _open_and_remember(*args: Any, **kwargs: Any) -> Any:
+    """`open`, remembering the file so that the rank can flush it at exit if the script does
+    not close it. (Scanning every live object for files instead costs about a second per rank
+    on a busy machine.) A weak set: a file the script drops is closed, and flushed, as usual."""
+    file = _REAL_OPEN(*args, **kwargs)
+    _OPENED.add(file)
+    return file
 
 
 def main(argv: list[str]) -> None:
@@ -174,6 +192,7 @@ def main(argv: list[str]) -> None:
     sys.argv = [str(script), *argv[1:]]
     sys.path.insert(0, str(script.resolve().parent))
     namespace = {"__name__": "__main__", "__file__": str(script), "__builtins__": __builtins__}
+    builtins.open = io.open = _open_and_remember  # pathlib and os.fdopen go through io.open
     code = 0
     observer = None
     if run is not None and os.environ.get(DOCTOR_ENV, "1") != "0":

@@ -171,3 +171,11 @@ def test_gpu_advice_only_on_simulated_cards() -> None:
 def test_launch_error_keeps_rank_and_log() -> None:
     error = LaunchError("boom", 2, "[rank2] x\n")
     assert (str(error), error.rank, error.log) == ("boom", 2, "[rank2] x\n")
+
+
+def test_timeout_after_every_rank_finished_its_script(run: RunDir) -> None:
+    for rank in range(2):
+        run.write(DONE, rank, "")
+    error = diagnose(run, 2, "", Ending(None, timeout=120))
+    assert str(error).startswith("the launch ran past its timeout of 120 s although every rank had finished")
+    assert error.rank is None

@@ -78,6 +78,7 @@ def test_script_arguments_and_source_text(tmp_path: Path) -> None:
 
 def test_raising_rank_is_named_with_its_traceback(tmp_path: Path) -> None:
     path = script(tmp_path, """
+        print(f"rank {rank} splits the data", flush=True)
         def shard_size(n):
             if rank == 2:
                 raise ValueError(f"cannot split {n} samples")
@@ -93,21 +94,21 @@ def test_raising_rank_is_named_with_its_traceback(tmp_path: Path) -> None:
     assert message.startswith("rank 2 of 4 raised ValueError: cannot split 10 samples")
     assert "in shard_size" in message and 'raise ValueError(f"cannot split {n} samples")' in message
     assert "SIGTERM" not in message  # torchrun's own report is not what the learner sees
+    assert "[rank2] rank 2 splits the data\n" in caught.value.log  # printed before it raised
     assert_nothing_left()
 
 
 def test_hang_past_timeout_kills_every_rank(tmp_path: Path) -> None:
-    path = tmp_path / "hang.py"  # no torch to import: the ranks are up long before the timeout
-    path.write_text("import os, time\n"
-                    "if os.environ['RANK'] == '0':\n"
-                    "    print('rank 0 waits for a partner that never comes', flush=True)\n"
-                    "time.sleep(600)\n")
+    path = script(tmp_path, """
+        if rank == 0:
+            dist.barrier()  # waits forever: the others never call it
+        time.sleep(600)
+    """)
     with pytest.raises(LaunchError) as caught:
         torchrun(path, nproc=4, timeout=30, echo=False)
     message = str(caught.value)
     assert "timeout of 30 s" in message
-    assert "[0, 1, 2, 3]" in message  # nobody finished: every rank is named as still running
-    assert "[rank0] rank 0 waits for a partner that never comes\n" in caught.value.log
+    assert "[0, 1, 2, 3]" in message  # nobody finished (or even started): all are named as still running
     assert_nothing_left()
 
 

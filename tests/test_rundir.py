@@ -59,3 +59,19 @@ def test_report_prints_outside_the_launcher(monkeypatch: pytest.MonkeyPatch, cap
     monkeypatch.setenv("RANK", "1")
     report(total=torch.tensor([10.0]))
     assert capsys.readouterr().out == 'report from rank 1: {"total": [10.0]}\n'
+
+
+def test_a_refused_report_is_blamed_on_the_script_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The traceback a failing rank leaves shows the script's frames, not report()'s insides."""
+    from fourcard_helpers import worker
+
+    script = tmp_path / "job.py"
+    script.write_text("from fourcard_helpers import report\nreport(thing=object())\n")
+    monkeypatch.setenv(RUN_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv("RANK", "0")
+    try:
+        exec(compile(script.read_text(), str(script), "exec"), {"__name__": "__main__"})
+    except TypeError as error:
+        record = worker._error_record(error, 0, 0.0)
+    assert 'job.py", line 2, in <module>' in record["traceback"]
+    assert "worker.py" not in record["traceback"] and record["type"] == "TypeError"
