@@ -108,3 +108,23 @@ def test_every_shipped_script_comes_from_a_cell() -> None:
              for path in NOTEBOOKS for line, _ in launches(path) if "--save" in line}
     shipped = {p.resolve() for p in (NOTEBOOKS[0].parent / "scripts").glob("[0-9][0-9]_*.py")}
     assert shipped <= saved, f"stale scripts no cell saves: {sorted(p.name for p in shipped - saved)}"
+
+
+DOCTOR_SAYS = "torchrun: doctor: "
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_the_doctor_speaks_exactly_where_a_lesson_stages_a_mistake(path: Path) -> None:
+    """A launch cell tagged `doctor-warns` stages a classic mistake, and its stored output shows the
+    doctor's warning; every other launch of the course gets none (a false alarm teaches the wrong thing)."""
+    for cell in cells(path):
+        if cell["cell_type"] == "code" and source(cell).startswith("%%torchrun"):
+            warned = DOCTOR_SAYS in output_text(cell)
+            staged = "doctor-warns" in cell["metadata"].get("tags", [])
+            assert warned == staged, f"doctor {'warned' if warned else 'silent'}: {source(cell)[:120]}"
+
+
+@pytest.mark.parametrize("number", ["01", "05"])
+def test_lessons_that_stage_data_parallel_mistakes_show_the_doctor(number: str) -> None:
+    path = next(p for p in NOTEBOOKS if p.name.startswith(number))
+    assert any("doctor-warns" in c["metadata"].get("tags", []) for c in cells(path))
