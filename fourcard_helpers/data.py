@@ -153,7 +153,7 @@ def download_full_mnist(folder: Path = FULL_DIR) -> Path:
 
 import time as _time  # noqa: E402
 
-import numpy as _np  # noqa: E402
+import numpy as np  # noqa: E402
 from torch.utils.data import Dataset, Sampler, get_worker_info  # noqa: E402
 
 
@@ -246,7 +246,7 @@ class RandomShiftDataset(Dataset):
         if rng not in ("torch", "numpy"):
             raise ValueError(f"rng must be 'torch' or 'numpy', not {rng!r}")
         self.images, self.labels, self.max_shift, self.rng_kind = images, labels, max_shift, rng
-        self.rng = _np.random.default_rng(seed) if rng == "numpy" else None
+        self.rng = np.random.default_rng(seed) if rng == "numpy" else None
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -269,4 +269,4 @@ def seed_worker(worker_id: int) -> None:
     """
     info = get_worker_info()
     if info is not None and getattr(info.dataset, "rng", None) is not None:
-        info.dataset.rng = _np.random.default_rng(torch.initial_seed())
+        info.dataset.rng = np.random.default_rng(torch.initial_seed())

@@ -1,0 +1,40 @@
+"""A lesson defines in its own cells what it teaches; where a script, a benchmark or a loader
+worker started by "spawn" needs the same definition importable, the package holds a copy.
+The two must not drift apart: a learner reads one and the course runs the other.
+"""
+from __future__ import annotations
+
+import ast
+import inspect
+
+import pytest
+
+from fourcard_helpers import data
+from test_notebooks import NOTEBOOKS, cells, source
+
+COPIES = [  # (lesson, name, the package's object)
+    ("04_data_loading", "BatchIndexSampler", data.BatchIndexSampler),
+    ("04_data_loading", "seed_worker", data.seed_worker),
+]
+
+
+def notebook_definition(lesson: str, name: str) -> str:
+    """The source of the top-level `def` or `class` called `name` in the lesson's code cells."""
+    path = next(p for p in NOTEBOOKS if p.stem == lesson)
+    found = []
+    for cell in cells(path):
+        text = source(cell)
+        if cell["cell_type"] != "code" or text.startswith("%"):
+            continue
+        for node in ast.parse(text).body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == name:
+                found.append(ast.get_source_segment(text, node))
+    assert len(found) == 1, f"{lesson} should define {name} in exactly one cell, found {len(found)}"
+    return found[0]
+
+
+@pytest.mark.parametrize("lesson, name, package_object", COPIES, ids=lambda v: v if isinstance(v, str) else "")
+def test_the_package_copy_equals_the_lessons_definition(lesson: str, name: str, package_object: object) -> None:
+    assert notebook_definition(lesson, name) == inspect.getsource(package_object).rstrip("\n"), (
+        f"{name} in fourcard_helpers differs from the one {lesson} teaches: copy the notebook's cell into the package"
+    )
