@@ -3,7 +3,8 @@
 Everything is imported lazily: each rank of a launch imports this package only for
 `report()`, and a rank should not pay for matplotlib or IPython it never uses.
 
-In a notebook, `%load_ext fourcard_helpers` adds the `%%torchrun` cell magic (see magic.py).
+In a notebook, `%load_ext fourcard_helpers` adds the `%%torchrun` cell magic (see magic.py)
+and the warm session's `%ranks` / `%%ranks` (see ranks.py).
 """
 from __future__ import annotations
 
@@ -18,8 +19,10 @@ _EXPORTS = {
     "load_mnist": "data", "load_mnist_raw": "data", "normalisation": "data",
     "download_full_mnist": "data", "MnistDataError": "data",
     "MnistCNN": "models",
+    "RankSession": "ranks", "RankSessionError": "ranks",
 }
-_MODULES = {"cards", "launch", "rundir", "diagnose", "worker", "data", "models", "schedules", "plots", "check", "costmodel", "magic"}
+_MODULES = {"cards", "launch", "rundir", "diagnose", "worker", "data", "models", "schedules", "plots", "check",
+            "costmodel", "magic", "ranks", "doctor", "preflight"}
 
 __all__ = sorted(_EXPORTS) + sorted(_MODULES) + ["load_ipython_extension"]
 
@@ -33,7 +36,7 @@ def __getattr__(name: str) -> Any:
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    """`%load_ext fourcard_helpers`: register `%%torchrun` and readable launch errors."""
+    """`%load_ext fourcard_helpers`: register `%%torchrun`, `%ranks` and readable launch errors."""
     from .magic import register
 
     register(ipython)

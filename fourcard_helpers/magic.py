@@ -29,6 +29,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from . import check
 from .cards import CardsError
 from .launch import LaunchError, LaunchResult, torchrun
+from .ranks import RankSessionError, RanksMagics
 
 
 @magics_class
@@ -84,6 +85,7 @@ def _show_error(shell: Any, etype: type, value: BaseException, tb: Any, tb_offse
 
 
 def register(ipython: Any) -> None:
-    """Register the magic and the error display with an IPython shell."""
+    """Register the magics (`%%torchrun`, `%%solution`, `%ranks`/`%%ranks`) and the error display."""
     ipython.register_magics(TorchrunMagics)
-    ipython.set_custom_exc((LaunchError, CardsError), _show_error)
+    ipython.register_magics(RanksMagics)
+    ipython.set_custom_exc((LaunchError, CardsError, RankSessionError), _show_error)

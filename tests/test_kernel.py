@@ -5,7 +5,9 @@ in the process table by the marker the launcher gives its processes (the kernel'
 """
 from __future__ import annotations
 
+import os
 import queue
+import signal
 import time
 from typing import Iterator
 
@@ -82,4 +84,65 @@ def test_kernel_restart_ends_every_rank(kernel: tuple[KernelManager, object]) ->
     manager, client = kernel
     _, kernel_pid = start_launch(client)
     manager.restart_kernel(now=True)  # the kernel is killed outright: no Python code of ours runs
+    assert wait_until(lambda: leftover_processes(kernel_pid) == []), leftover_processes(kernel_pid)
+
+
+# -- the warm session (%ranks) in a real kernel ------------------------------------------------
+def start_ranks(client: object, tmp_path) -> tuple[str, int]:
+    """Start a 2-rank warm session and a cell that sleeps on both ranks; return its message id
+    and the kernel's pid once both ranks have begun the cell (each touches a file)."""
+    outputs: list[dict] = []
+    client.execute_interactive("import os; print(os.getpid())", timeout=60, output_hook=outputs.append)
+    kernel_pid = int(next(m["content"]["text"] for m in outputs if m["msg_type"] == "stream"))
+    reply = client.execute_interactive("%ranks start -n 2 --timeout 600", timeout=600)
+    assert reply["content"]["status"] == "ok", reply["content"]
+    assert len(leftover_processes(kernel_pid)) >= 4  # controller, torchrun and two ranks
+    msg_id = client.execute(f"%%ranks\nimport pathlib, time\npathlib.Path(r'{tmp_path}', str(rank)).touch()\n"
+                            "time.sleep(600)\n")
+    assert wait_until(lambda: all((tmp_path / str(rank)).exists() for rank in (0, 1)), 120), "the cell never began"
+    return msg_id, kernel_pid
+
+
+def test_ranks_magics_run_a_cell_pull_and_stop(kernel: tuple[KernelManager, object]) -> None:
+    _, client = kernel
+    outputs: list[dict] = []
+    client.execute_interactive("import os; print(os.getpid())", timeout=60, output_hook=outputs.append)
+    kernel_pid = int(next(m["content"]["text"] for m in outputs if m["msg_type"] == "stream"))
+    assert client.execute_interactive("%ranks start -n 2 --timeout 600", timeout=600)["content"]["status"] == "ok"
+    outputs.clear()
+    client.execute_interactive("%%ranks\nx = torch.tensor([rank + 1.0])\ndist.all_reduce(x)\nprint('sum', x.item())",
+                               timeout=120, output_hook=outputs.append)
+    text = "".join(m["content"].get("text", "") for m in outputs if m["msg_type"] == "stream")
+    assert text == "[rank0] sum 3.0\n[rank1] sum 3.0\n"  # grouped and in rank order
+    outputs.clear()
+    client.execute_interactive("xs = %ranks pull x\nprint([x.item() for x in xs])", timeout=120,
+                               output_hook=outputs.append)
+    assert "[3.0, 3.0]" in "".join(m["content"].get("text", "") for m in outputs if m["msg_type"] == "stream")
+    assert client.execute_interactive("%ranks stop", timeout=120)["content"]["status"] == "ok"
+    assert leftover_processes(kernel_pid) == []
+
+
+def test_stop_button_in_a_ranks_cell_ends_the_session(kernel: tuple[KernelManager, object], tmp_path) -> None:
+    manager, client = kernel
+    msg_id, kernel_pid = start_ranks(client, tmp_path)
+    manager.interrupt_kernel()
+    reply = client.get_shell_msg(timeout=60)
+    assert reply["parent_header"]["msg_id"] == msg_id
+    assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
+    assert wait_until(lambda: leftover_processes(kernel_pid) == []), leftover_processes(kernel_pid)
+    reply = client.execute_interactive("%%ranks\nrank", timeout=60)  # says the session has ended
+    assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "RankSessionError"
+
+
+def test_kernel_restart_ends_the_ranks_session(kernel: tuple[KernelManager, object], tmp_path) -> None:
+    manager, client = kernel
+    _, kernel_pid = start_ranks(client, tmp_path)
+    manager.restart_kernel(now=True)
+    assert wait_until(lambda: leftover_processes(kernel_pid) == []), leftover_processes(kernel_pid)
+
+
+def test_killed_kernel_leaves_no_ranks_session(kernel: tuple[KernelManager, object], tmp_path) -> None:
+    _, client = kernel
+    _, kernel_pid = start_ranks(client, tmp_path)
+    os.kill(kernel_pid, signal.SIGKILL)  # no code of ours runs: only parent-death signals act
     assert wait_until(lambda: leftover_processes(kernel_pid) == []), leftover_processes(kernel_pid)

@@ -1,0 +1,73 @@
+"""The processes of a warm session (see ranks.py), started with the course's exit guarantees.
+
+    python -m fourcard_helpers.rank_processes controller ARGS...   # ipyparallel's controller
+    python -m torch.distributed.run ... -m fourcard_helpers.rank_processes engine ARGS...
+
+The controller and the engines are ipyparallel's own; this module changes only how they die.
+ipyparallel stops gracefully on SIGTERM, but a rank busy in a cell (or stuck in a collective)
+never gets round to it, and torchrun then waits half a minute before it kills. Here:
+
+* a rank dies with its parent (PR_SET_PDEATHSIG): torchrun starts each rank in a session of
+  its own, so if torchrun is killed nothing else would end the rank; and SIGTERM (torchrun
+  stopping its ranks) ends the rank at once;
+* SIGTERM to the controller (sent by the kernel's stop, or by Linux when the kernel dies) kills
+  the controller's whole process group, which holds its helper processes.
+
+It imports nothing but the standard library before ipyparallel starts.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+from types import FrameType
+
+
+def die_with_parent(signum: int) -> None:
+    """Ask Linux to send `signum` to this process when its parent dies (PR_SET_PDEATHSIG)."""
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signum)
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _exit_now(signum: int, frame: FrameType | None) -> None:
+    os._exit(128 + signum)
+
+
+def _kill_my_group(signum: int, frame: FrameType | None) -> None:
+    if os.getpgid(0) == os.getpid():  # started as the leader of a group of its own
+        os.killpg(os.getpid(), signal.SIGKILL)
+    os._exit(128 + signum)
+
+
+def engine(argv: list[str]) -> None:
+    """One rank: an ipyparallel engine that ends on SIGTERM or when torchrun dies."""
+    die_with_parent(signal.SIGKILL)
+    from ipyparallel.engine.app import IPEngine, main
+
+    def init_signal(self: IPEngine) -> None:
+        signal.signal(signal.SIGTERM, _exit_now)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # as ipyparallel: the kernel's Ctrl-C is not for ranks
+
+    IPEngine.init_signal = init_signal
+    main(argv)
+
+
+def controller(argv: list[str]) -> None:
+    """ipyparallel's controller, which takes its helper processes with it on SIGTERM."""
+    from ipyparallel.controller.app import IPController, main
+
+    def init_signal(self: IPController) -> None:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, _kill_my_group)
+
+    IPController.init_signal = init_signal
+    main(argv)
+
+
+if __name__ == "__main__":
+    {"engine": engine, "controller": controller}[sys.argv[1]](sys.argv[2:])

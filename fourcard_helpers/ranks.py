@@ -1,0 +1,557 @@
+"""A warm session: N ranks started once by `torchrun`, then driven cell by cell from the notebook.
+
+    %ranks start -n 4          # torchrun starts 4 ranks; each forms the process group once
+    %%ranks                    # this cell runs on every rank, in milliseconds
+    x = torch.tensor([rank + 1.0]); dist.all_reduce(x)
+    xs = %ranks pull x         # every rank's x, as a list indexed by rank
+    %ranks push lr             # the notebook's lr, now defined on every rank
+    %ranks stop
+
+Why: a `%%torchrun` cell pays seconds to start four interpreters and import torch, and what the
+ranks computed is gone when it ends. A collective is best understood by poking at it: all-reduce,
+look at rank 2's tensor, try a reduce-scatter on the same data. So the ranks stay alive between
+cells. They are still real torchrun ranks (RANK, WORLD_SIZE, MASTER_ADDR/PORT from torchrun, one
+process group), each an ipyparallel engine: ipyparallel carries code and values between the
+notebook and the ranks, torchrun starts and watches the ranks.
+
+What the session guarantees, as `torchrun()` does for a launch:
+* a rank that raises is named, with its traceback;
+* a cell that does not finish in time (a collective one rank never joined) ends with the waiting
+  ranks named, and the session is stopped: nothing can free a rank stuck in a collective;
+* stopping the session, interrupting a cell, restarting or killing the kernel leaves no controller,
+  torchrun or rank process (each carries the launcher's marker, so `leftover_processes()` lists
+  them; the controller and torchrun die with the kernel, each rank with torchrun: a torchrun
+  told to stop would first wait up to 30 s for its ranks, so it is killed outright);
+* a session that lost a rank says so; `%ranks start` begins a new one.
+"""
+from __future__ import annotations
+
+import ast
+import atexit
+import concurrent.futures
+import ctypes
+import linecache
+import os
+import pickle
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import uuid
+import weakref
+from pathlib import Path
+from typing import Any, Callable
+
+from IPython.core.magic import Magics, line_cell_magic, magics_class, needs_local_scope
+
+from .cards import Cards, detect
+from .launch import rank_environment
+from .worker import shorten_paths
+
+SESSION_ENV = "FOURCARD_RANKS_SESSION"  # marks this session's processes, to stop every one of them
+POLL_SECONDS = 0.05  # how often a waiting cell checks that every rank is still there
+GRACE_SECONDS = 3.0  # how long torchrun and the controller get to stop before SIGKILL
+FAIL_FAST_SECONDS = 3.0  # after a rank raised, how long the others get to finish the cell
+CELL_LABEL = "<ranks cell {}>"  # numbered, so that every cell's source stays readable on the ranks
+
+SETUP = """\
+import os
+import torch
+import torch.distributed as dist
+from fourcard_helpers import detect
+
+cards = detect(int(os.environ["WORLD_SIZE"]))
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+device = cards.device(int(os.environ["LOCAL_RANK"]))
+if cards.kind == "cuda":
+    torch.cuda.set_device(device)
+dist.init_process_group(cards.backend)
+"""
+SETUP_NAMES = "os, torch, dist, cards, rank, world, device"
+
+_live: weakref.WeakSet[RankSession] = weakref.WeakSet()
+
+
+class RankSessionError(RuntimeError):
+    """A warm session could not run a cell. `rank` is the rank to blame (None when none is)."""
+
+    def __init__(self, message: str, rank: int | None = None) -> None:
+        super().__init__(message)
+        self.rank = rank
+
+
+# -- what runs on each rank (pickled by reference: the ranks import this module) -------------------
+def _shell() -> Any:
+    from IPython import get_ipython
+
+    shell = get_ipython()  # the engine's own IPython shell
+    shell.user_ns.setdefault("get_ipython", get_ipython)  # cells with %magics call it
+    return shell
+
+
+def _namespace() -> dict[str, Any]:
+    return _shell().user_ns
+
+
+def _identity() -> tuple[int, int]:
+    return int(os.environ["RANK"]), os.getpid()
+
+
+def _to_cpu(value: Any) -> Any:
+    """Tensors come back on the CPU: the notebook need not (and on a GPU box should not) touch CUDA."""
+    if hasattr(value, "detach") and hasattr(value, "cpu"):
+        return value.detach().cpu()
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_cpu(item) for item in value)
+    if isinstance(value, dict):
+        return {key: _to_cpu(item) for key, item in value.items()}
+    return value
+
+
+def _portable(value: Any) -> Any:
+    """The value itself if it can travel to the notebook, else its printed form."""
+    value = _to_cpu(value)
+    try:
+        pickle.dumps(value)
+    except Exception:  # noqa: BLE001 - anything unpicklable is shown, not returned
+        return repr(value)
+    return value
+
+
+def _failure(error: BaseException, skip: int) -> dict[str, Any]:
+    frames = traceback.extract_tb(error.__traceback__)[skip:]  # drop this module's frames
+    lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames)]
+    lines += traceback.format_exception_only(type(error), error)
+    return {"error": type(error).__name__, "message": str(error), "time": time.time(),
+            "traceback": shorten_paths("".join(lines))}
+
+
+def _execute(source: str, label: str) -> dict[str, Any]:
+    """Run a cell in this rank's namespace; the value of a last bare expression comes back."""
+    shell = _shell()
+    namespace = shell.user_ns
+    # Each cell keeps its source under its own name: tracebacks and inspect.getsource show it.
+    linecache.cache[label] = (len(source), None, source.splitlines(True), label)
+    try:
+        tree = ast.parse(shell.transform_cell(source), label)  # %magics keep their line numbers
+        last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+        exec(compile(tree, label, "exec"), namespace)  # noqa: S102 - the learner's own cell
+        value = eval(compile(ast.Expression(last.value), label, "eval"), namespace) if last else None
+    except BaseException as error:  # noqa: BLE001 - every failure must reach the notebook
+        return _failure(error, skip=1)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    return {"value": _portable(value)}
+
+
+def _fetch(name: str) -> dict[str, Any]:
+    namespace = _namespace()
+    if name not in namespace:
+        return {"error": "NameError", "message": f"name {name!r} is not defined on this rank",
+                "time": time.time(), "traceback": ""}
+    return {"value": _portable(namespace[name])}
+
+
+def _store(**values: Any) -> dict[str, Any]:
+    _namespace().update(values)
+    return {"value": None}
+
+
+# -- the session, on the notebook's side -----------------------------------------------------------
+def _die_with_kernel(signum: int) -> Callable[[], None]:
+    """What runs in a child before exec: Linux sends it `signum` when the kernel dies (PR_SET_PDEATHSIG)."""
+    def arrange() -> None:
+        if sys.platform.startswith("linux"):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signum)
+    return arrange
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _marked(marker: bytes) -> list[int]:
+    """Pids of live processes whose environment holds `marker` (NAME=VALUE)."""
+    pids = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            if marker in (entry / "environ").read_bytes().split(b"\0") and _alive(int(entry.name)):
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+class RankSession:
+    """`nproc` ranks started by torchrun on the cards `detect()` picks, kept alive between cells.
+
+    Use as a context manager (`with RankSession(4) as ranks: ranks.run("...")`) or call
+    `close()`. Every rank starts with the names os, torch, dist, cards, rank, world and device,
+    and the process group formed. `timeout` (seconds) bounds each `run`, `pull` and `push`.
+    """
+
+    def __init__(self, nproc: int = 4, timeout: float = 60.0, start_timeout: float = 300.0,
+                 echo: bool = True) -> None:
+        self.cards: Cards = detect(nproc)
+        self.nproc = nproc
+        self.timeout = timeout
+        self.echo = echo
+        self.session_id = uuid.uuid4().hex[:12]
+        self.run_dir = Path(tempfile.mkdtemp(prefix="fourcard-ranks-"))
+        self.controller: subprocess.Popen[bytes] | None = None
+        self.torchrun_proc: subprocess.Popen[bytes] | None = None
+        self.client: Any = None
+        self.views: dict[int, Any] = {}  # rank -> the ipyparallel view of its engine
+        self.pids: dict[int, int] = {}
+        self.lost: str | None = None  # why the session ended on its own, once it has
+        self.cells = 0  # cells run so far: names each cell's source on the ranks
+        self.closed = False
+        _live.add(self)
+        try:
+            self._start(start_timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self) -> RankSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "stopped" if self.closed else (f"lost: {self.lost}" if self.lost else "running")
+        return f"<RankSession: {self.nproc} ranks on {self.cards.kind}, {state}>"
+
+    # -- starting ----------------------------------------------------------------------------
+    def _spawn(self, command: list[str], log: str, env: dict[str, str], death_signal: int) -> subprocess.Popen[bytes]:
+        with open(self.run_dir / log, "wb") as out:
+            return subprocess.Popen(
+                command, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True,  # a process group of its own: stop() signals all of it
+                preexec_fn=_die_with_kernel(death_signal),
+            )
+
+    def _start(self, start_timeout: float) -> None:
+        import ipyparallel
+
+        started = time.monotonic()
+        profile = self.run_dir / "profile"
+        profile.mkdir()
+        env = rank_environment(self.cards, self.run_dir, "<ranks>",
+                               {SESSION_ENV: self.session_id, "IPYTHONDIR": str(self.run_dir / "ipython")})
+        self.controller = self._spawn(
+            [sys.executable, "-m", "fourcard_helpers.rank_processes", "controller", f"--profile-dir={profile}",
+             f"--cluster-id={self.session_id}", "--ip=127.0.0.1", "--usethreads", "--log-level=WARN"],
+            "controller.log", env, signal.SIGTERM)  # it then kills its process group (rank_processes.py)
+        security = profile / "security"
+        engine_file = security / f"ipcontroller-{self.session_id}-engine.json"
+        client_file = security / f"ipcontroller-{self.session_id}-client.json"
+        self._wait_for(lambda: engine_file.exists() and client_file.exists(), started + start_timeout,
+                       "the ipyparallel controller did not start")
+        self.torchrun_proc = self._spawn(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={self.nproc}",
+             "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", f"--rdzv-id={self.session_id}",
+             "--max-restarts=0", "--monitor-interval=0.1",
+             "-m", "fourcard_helpers.rank_processes", "engine", f"--file={engine_file}", f"--profile-dir={profile}",
+             "--IPEngine.enable_nanny=False", "--log-level=WARN"],
+            "torchrun.log", env, signal.SIGKILL)  # its ranks die with it (rank_processes.py)
+        self.client = ipyparallel.Client(str(client_file), profile_dir=str(profile))
+        self._wait_for(lambda: len(self.client.ids) >= self.nproc, started + start_timeout,
+                       f"{self.nproc} ranks did not all register")
+        for engine in self.client.ids:
+            rank, pid = self.client[engine].apply_sync(_identity)
+            self.views[rank], self.pids[rank] = self.client[engine], pid
+        self.run(SETUP, echo=False)
+        if self.echo:
+            print(f"ranks: {self.nproc} ranks on {self.cards.describe()}, started by torchrun in "
+                  f"{time.monotonic() - started:.1f} s; each rank has {SETUP_NAMES} and the process group",
+                  flush=True)
+
+    def _wait_for(self, condition: Callable[[], bool], deadline: float, what: str) -> None:
+        while not condition():
+            problem = self._problem()
+            if problem or time.monotonic() > deadline:
+                tail = self._log_tail()
+                raise RankSessionError(f"{what}: {problem or 'it ran past the start timeout'}."
+                                       + (f"\nThe processes' last output:\n{tail}" if tail else ""))
+            time.sleep(POLL_SECONDS)
+
+    def _log_tail(self, lines: int = 15) -> str:
+        text = ""
+        for name in ("controller.log", "torchrun.log"):
+            try:
+                text += shorten_paths((self.run_dir / name).read_text(errors="replace"))
+            except OSError:
+                pass
+        return "".join(text.splitlines(True)[-lines:])
+
+    # -- health ------------------------------------------------------------------------------
+    def _problem(self) -> str | None:
+        """Why the session cannot run cells any more, or None while every process is there."""
+        if self.closed:
+            return "the session was stopped"
+        if self.lost:
+            return self.lost
+        if self.controller and self.controller.poll() is not None:
+            self.lost = "the ipyparallel controller exited"
+        gone = sorted(rank for rank, pid in self.pids.items() if not _alive(pid))
+        if self.torchrun_proc and self.torchrun_proc.poll() is not None or gone:
+            # Ranks are polled more often than torchrun polls them, so the first rank seen gone
+            # is the one that died; torchrun then stops the others (its summary, with exit codes,
+            # comes only after they are all down).
+            blamed = self._root_cause()
+            if blamed is not None:
+                self.lost = f"rank {blamed[0]} of {self.nproc} was lost (exit code {blamed[1]})"
+            elif gone:
+                names = f"rank {gone[0]}" if len(gone) == 1 else f"ranks {gone}"
+                self.lost = f"{names} of {self.nproc} {'was' if len(gone) == 1 else 'were'} lost: the process ended"
+            else:
+                self.lost = "torchrun exited"
+        return self.lost
+
+    def _root_cause(self) -> tuple[int, int] | None:
+        """The rank torchrun names as the first to fail, with its exit code (None if none yet)."""
+        try:
+            summary = (self.run_dir / "torchrun.log").read_text(errors="replace")
+        except OSError:
+            return None
+        found = re.findall(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)",
+                           summary[summary.find("Root Cause"):] if "Root Cause" in summary else "")
+        return (int(found[0][0]), int(found[0][1])) if found else None
+
+    def _require_alive(self) -> None:
+        problem = self._problem()
+        if problem:
+            if not self.closed:
+                self.close()
+            raise RankSessionError(f"The warm session has ended: {problem}. Start a new one with "
+                                   f"`%ranks start` (or a new RankSession).")
+
+    # -- running -----------------------------------------------------------------------------
+    def _on_every_rank(self, function: Callable[..., dict[str, Any]], *args: Any, timeout: float | None = None,
+                       echo: bool = True, kwargs: dict[str, Any] | None = None) -> list[Any]:
+        """Call `function(*args)` on every rank; per-rank values, or an error naming a rank."""
+        __tracebackhide__ = True  # noqa: F841
+        self._require_alive()
+        timeout = self.timeout if timeout is None else timeout
+        started = time.monotonic()
+        pending = {self.views[rank].apply_async(function, *args, **(kwargs or {})): rank for rank in range(self.nproc)}
+        done: dict[int, Any] = {}
+        first_error: float | None = None
+        try:
+            while pending:
+                finished, _ = concurrent.futures.wait(list(pending), timeout=POLL_SECONDS,
+                                                      return_when=concurrent.futures.FIRST_COMPLETED)
+                for future in finished:
+                    done[pending.pop(future)] = future
+                if not pending:
+                    break
+                now = time.monotonic()
+                if first_error is None and any(self._outcome(f).get("error") for f in done.values()):
+                    first_error = now
+                problem = self._problem()
+                if problem or now - started > timeout or (first_error and now - first_error > FAIL_FAST_SECONDS):
+                    waiting = sorted(pending.values())
+                    self._show(done, echo)
+                    self.close()
+                    raise self._stuck(done, waiting, problem, timeout)
+        except KeyboardInterrupt:
+            self.close()
+            print(f"ranks: interrupted; the session's {self.nproc} ranks were stopped. "
+                  "Start a new one with `%ranks start`.", file=sys.stderr, flush=True)
+            raise
+        self._show(done, echo)
+        outcomes = {rank: self._outcome(future) for rank, future in done.items()}
+        failed = [(outcome["time"], rank) for rank, outcome in outcomes.items() if outcome.get("error")]
+        if failed:
+            rank = min(failed)[1]
+            others = sorted(r for _, r in failed if r != rank)
+            raise RankSessionError(self._describe(rank, outcomes[rank]) + (
+                f"\nRanks {others} raised too." if others else "") + "\nThe session is still running.", rank)
+        return [outcomes[rank]["value"] for rank in range(self.nproc)]
+
+    @staticmethod
+    def _outcome(future: Any) -> dict[str, Any]:
+        try:
+            return future.result()
+        except Exception as error:  # noqa: BLE001 - the engine itself failed (e.g. it died)
+            return {"error": type(error).__name__, "message": str(error), "time": time.time(), "traceback": ""}
+
+    def _describe(self, rank: int, outcome: dict[str, Any]) -> str:
+        return (f"rank {rank} of {self.nproc} raised {outcome['error']}: {outcome['message']}"
+                + (f"\n\n{outcome['traceback']}" if outcome["traceback"] else ""))
+
+    def _stuck(self, done: dict[int, Any], waiting: list[int], problem: str | None,
+               timeout: float) -> RankSessionError:
+        failed = sorted((o["time"], rank, o) for rank, f in done.items() if (o := self._outcome(f)).get("error"))
+        if problem:
+            head, blamed = f"The warm session ended during the cell: {problem}.", None
+        elif failed:
+            _, blamed, outcome = failed[0]
+            head = (self._describe(blamed, outcome) + f"\n\nRank(s) {waiting} were still waiting, most likely in "
+                    f"a collective that rank {blamed} never reached.")
+        else:
+            head, blamed = (f"The cell ran past its timeout of {timeout:g} s; rank(s) {waiting} were still "
+                            f"waiting (rank(s) {sorted(done)} had finished). A rank that waits forever usually "
+                            "sits in a collective (all_reduce, barrier, ...) that another rank never called; "
+                            "if the work is just slow, pass a larger --timeout."), (waiting[0] if waiting else None)
+        return RankSessionError(head + "\nA rank stuck in a collective cannot be freed, so all ranks were "
+                                "stopped. Start a new session with `%ranks start`.", blamed)
+
+    def _show(self, done: dict[int, Any], echo: bool) -> None:
+        """Each rank's printed output, grouped and in rank order, prefixed like %%torchrun's."""
+        if not (echo and self.echo):
+            return
+        for rank in sorted(done):
+            done[rank].wait_for_output(GRACE_SECONDS)  # printed output may arrive after the result
+            for stream, out in (("stdout", sys.stdout), ("stderr", sys.stderr)):
+                text = getattr(done[rank], stream, "") or ""
+                for line in text.splitlines(True):
+                    out.write(f"[rank{rank}] {line}" + ("" if line.endswith("\n") else "\n"))
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+    def run(self, code: str, timeout: float | None = None, echo: bool = True) -> list[Any]:
+        """Run `code` on every rank; returns each rank's value of its last expression (rank order).
+
+        Raises RankSessionError naming the first rank that raised, with its traceback.
+        """
+        self.cells += 1
+        return self._on_every_rank(_execute, code, CELL_LABEL.format(self.cells), timeout=timeout, echo=echo)
+
+    def pull(self, name: str, timeout: float | None = None) -> list[Any]:
+        """Every rank's value of `name`, as a list indexed by rank (tensors on the CPU)."""
+        return self._on_every_rank(_fetch, name, timeout=timeout)
+
+    def push(self, timeout: float | None = None, **values: Any) -> None:
+        """Give every rank the same `values`, as names in its namespace.
+
+        Functions defined in the notebook travel as their code (ipyparallel's canning) and run
+        with the rank's names as their globals (`dist`, `rank`, ...).
+        """
+        self._on_every_rank(_store, timeout=timeout, kwargs=values)
+
+    # -- stopping ----------------------------------------------------------------------------
+    def processes(self) -> list[int]:
+        """Pids of this session's live processes: controller (and its helpers), torchrun, ranks."""
+        return _marked(f"{SESSION_ENV}={self.session_id}".encode())
+
+    def close(self) -> None:
+        """Stop every process of the session: ranks, torchrun and controller. Safe to call twice."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.client is not None:
+            try:
+                self.client.close(linger=0)
+            except Exception:  # noqa: BLE001 - the sockets go either way
+                pass
+        for proc in (self.torchrun_proc, self.controller):  # torchrun passes SIGTERM on to its ranks
+            if proc is not None and proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        for proc in (self.torchrun_proc, self.controller):
+            if proc is not None:
+                try:
+                    proc.wait(GRACE_SECONDS)
+                except subprocess.TimeoutExpired:
+                    pass
+        for pid in self.processes():  # ranks live in sessions of their own; the controller's helpers too
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for proc in (self.torchrun_proc, self.controller):
+            if proc is not None:
+                proc.wait()
+        deadline = time.monotonic() + GRACE_SECONDS
+        while self.processes() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+
+
+@atexit.register
+def _close_all() -> None:
+    for session in list(_live):
+        session.close()
+
+
+# -- the magics ------------------------------------------------------------------------------------
+@magics_class
+class RanksMagics(Magics):
+    """`%ranks start|stop|pull NAME|push NAME...` and `%%ranks` (the cell runs on every rank)."""
+
+    session: RankSession | None = None
+
+    @needs_local_scope
+    @line_cell_magic
+    def ranks(self, line: str, cell: str | None = None, local_ns: dict[str, Any] | None = None) -> Any:
+        """%ranks start [-n 4] [--timeout S] | stop | pull NAME | push NAME... ; %%ranks [--timeout S]"""
+        __tracebackhide__ = True  # noqa: F841
+        words = shlex.split(line)
+        if cell is not None:
+            timeout = _option(words, "--timeout", float, None)
+            values = self._running().run(cell, timeout=timeout)
+            return values if any(value is not None for value in values) else None
+        command = words[0] if words else ""
+        if command == "start":
+            nproc = _option(words, "-n", int, _option(words, "--nproc", int, 4))
+            timeout = _option(words, "--timeout", float, 60.0)
+            self.stop(quiet=True)
+            RanksMagics.session = RankSession(nproc, timeout=timeout)
+            return None
+        if command == "stop":
+            self.stop()
+            return None
+        if command == "pull" and len(words) == 2:
+            return self._running().pull(words[1])
+        if command == "push" and len(words) >= 2:
+            scope = {**self.shell.user_ns, **(local_ns or {})}
+            missing = [name for name in words[1:] if name not in scope]
+            if missing:
+                raise RankSessionError(f"%ranks push: {missing} not defined in the notebook")
+            self._running().push(**{name: scope[name] for name in words[1:]})
+            return None
+        raise RankSessionError("usage: %ranks start [-n 4] [--timeout S] | %ranks pull NAME | %ranks push NAME... | "
+                               "%ranks stop, and %%ranks [--timeout S] for a cell that runs on every rank.")
+
+    def _running(self) -> RankSession:
+        if RanksMagics.session is None:
+            raise RankSessionError("No warm session is running: start one with `%ranks start -n 4`.")
+        return RanksMagics.session
+
+    def stop(self, quiet: bool = False) -> None:
+        session, RanksMagics.session = RanksMagics.session, None
+        if session is not None:
+            session.close()
+            left = session.processes()
+            if left:
+                raise RankSessionError(f"processes {left} of the session outlived it; stop them with "
+                                       "`kill -9` and report this as a bug in the course.")
+            if not quiet:
+                print(f"ranks: session stopped; none of its {session.nproc} ranks, its torchrun or "
+                      "its controller is running", flush=True)
+        elif not quiet:
+            print("ranks: no session was running", flush=True)
+
+
+def _option(words: list[str], name: str, kind: Callable[[str], Any], default: Any) -> Any:
+    if name not in words:
+        return default
+    at = words.index(name)
+    if at + 1 >= len(words):
+        raise RankSessionError(f"{name} needs a value")
+    return kind(words[at + 1])

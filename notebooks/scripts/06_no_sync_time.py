@@ -1,0 +1,53 @@
+import itertools, os, time
+from contextlib import nullcontext
+import torch, torch.distributed as dist, torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler
+from fourcard_helpers import detect, report, load_mnist, MnistCNN
+
+cards = detect(int(os.environ["WORLD_SIZE"]))
+dist.init_process_group(cards.backend)
+rank, world = dist.get_rank(), dist.get_world_size()
+device = cards.device(int(os.environ["LOCAL_RANK"]))
+if cards.kind == "cuda":
+    torch.cuda.set_device(device)
+sync = torch.cuda.synchronize if cards.kind == "cuda" else (lambda: None)
+data = load_mnist("train")
+sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=0)
+batches = [(x.to(device), y.to(device)) for x, y in itertools.islice(DataLoader(data, batch_size=32, sampler=sampler), 16)]
+
+# Four ways to run micro-batches of 32, each timed per micro-batch:
+MODES = {                        # (wrapped in DDP, barrier after every micro-batch, micro-batches per step)
+    "model alone": (False, False, 1),             # no communication at all
+    "model alone + barrier": (False, True, 1),    # synchronise the ranks, move no bytes
+    "DDP": (True, False, 1),                      # all-reduce the gradients every micro-batch
+    "DDP + no_sync ×4": (True, False, 4),         # all-reduce every 4th micro-batch only
+}
+models = {}
+for mode, (wrapped, _, _) in MODES.items():
+    torch.manual_seed(0)
+    model = MnistCNN().to(device)
+    models[mode] = (DDP(model) if wrapped else model, torch.optim.SGD(model.parameters(), lr=0.05))
+
+ROUNDS, STEPS = 6, 4             # the modes take turns, so that load on a shared machine hits all alike
+seconds = {mode: [] for mode in MODES}
+stream = itertools.cycle(batches)
+for round in range(ROUNDS + 1):  # round 0 is a warm-up
+    for mode, (wrapped, barrier, micro) in MODES.items():
+        model, optimizer = models[mode]
+        dist.barrier(); sync()
+        start = time.perf_counter()
+        for step in range(STEPS):
+            for i in range(micro):
+                x, y = next(stream)
+                with model.no_sync() if wrapped and i < micro - 1 else nullcontext():
+                    (F.cross_entropy(model(x), y) / micro).backward()
+                if barrier:
+                    dist.barrier()
+            optimizer.step()
+            optimizer.zero_grad()
+        sync()
+        if round:
+            seconds[mode].append((time.perf_counter() - start) / (STEPS * micro))
+report(seconds=seconds)
+dist.destroy_process_group()
