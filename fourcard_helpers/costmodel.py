@@ -213,7 +213,9 @@ class Interconnect:
 PUBLISHED: dict[str, Interconnect] = {
     # 4× RTX 4090. GeForce cards have no NVLink. With NVIDIA's stock driver, GPU-to-GPU
     # peer-to-peer (P2P) access is disabled on these cards, and NCCL stages the traffic
-    # through host memory. The busbw below was NOT measured under stock conditions: it
+    # through host memory (blog.chlc.cc/p/rtx4090-gpudirect-p2p-unlocked: "NVIDIA disables
+    # the GPUDirect P2P capability on RTX4090 GPUs"; allanchan339.github.io/bug-fixes/2025/05/21/
+    # 4090-P2P.html). The busbw below was NOT measured under stock conditions: it
     # comes from a machine running tinygrad's P2P-unlocking kernel modules, so the cards
     # wrote to each other directly over PCIe.
     # busbw: github.com/tinygrad/open-gpu-kernel-modules/issues/36 (user ChihayaK):
