@@ -194,6 +194,9 @@ class Interconnect:
 
     busbw_gbs: nccl-tests all_reduce_perf bus bandwidth at large messages, GB/s.
     latency_us: time of a tiny all_reduce (a few bytes), microseconds.
+    source: where each figure comes from and under which conditions (GPU count, driver
+    and P2P state, message size), so that a lesson printing it prints the conditions too.
+    note: how those conditions differ from the machine the name describes.
     """
 
     name: str
@@ -208,24 +211,41 @@ class Interconnect:
 
 
 PUBLISHED: dict[str, Interconnect] = {
-    # 4× RTX 4090 (no NVLink; consumer cards talk over PCIe 4.0 through the CPU).
-    # busbw: nccl-tests `all_reduce_perf -b 256M -e 2G -f 2 -g 4` on 4× RTX 4090 reports
-    #   25.7–25.95 GB/s busbw (256 MB – 1 GB), github.com/tinygrad/open-gpu-kernel-modules/issues/36
-    # latency: an 8-byte all_reduce takes 40–42 µs on 8× RTX 4090 over PCIe,
-    #   github.com/NVIDIA/nccl/issues/1530 (8 cards; 4 cards would be somewhat faster).
+    # 4× RTX 4090. GeForce cards have no NVLink. With NVIDIA's stock driver, GPU-to-GPU
+    # peer-to-peer (P2P) access is disabled on these cards, and NCCL stages the traffic
+    # through host memory (blog.chlc.cc/p/rtx4090-gpudirect-p2p-unlocked: "NVIDIA disables
+    # the GPUDirect P2P capability on RTX4090 GPUs"; allanchan339.github.io/bug-fixes/2025/05/21/
+    # 4090-P2P.html). The busbw below was NOT measured under stock conditions: it
+    # comes from a machine running tinygrad's P2P-unlocking kernel modules, so the cards
+    # wrote to each other directly over PCIe.
+    # busbw: github.com/tinygrad/open-gpu-kernel-modules/issues/36 (user ChihayaK):
+    #   p2pBandwidthLatencyTest reports every pair "CAN Access Peer" (P2P on, patched driver);
+    #   nccl-tests `all_reduce_perf -b 256M -e 2G -f 2 -g 4`, 4× RTX 4090, float sum:
+    #   busbw 25.72 GB/s at 256 MiB, 25.82 at 512 MiB, 25.95 at 1 GiB.
+    # latency: github.com/NVIDIA/nccl/issues/1530 ("Ring all-reduce shows poor bandwidth
+    #   utilization on PCIe-connected GPUs"): `NCCL_BUFFSIZE=8388608 all_reduce_perf -g 8 -b 8`
+    #   on 8× RTX 4090 over PCIe, 8-byte all_reduce 42.1 µs (out of place), 40.1 µs (in place);
+    #   the driver's P2P state is not stated there. 8 cards, not 4: a 4-card ring has fewer hops.
     "4×RTX 4090, PCIe 4": Interconnect(
         "4×RTX 4090, PCIe 4", busbw_gbs=26.0, latency_us=40.0,
-        source="nccl-tests all_reduce_perf: tinygrad/open-gpu-kernel-modules#36 (busbw), NVIDIA/nccl#1530 (latency)",
-        note="latency measured on 8 cards",
+        source="nccl-tests all_reduce_perf. busbw: tinygrad/open-gpu-kernel-modules#36, 4 cards, "
+               "P2P-unlocked driver (not stock), 256 MiB-1 GiB messages; latency: NVIDIA/nccl#1530, "
+               "8 cards, 8-byte message, P2P state not stated",
+        note="stock drivers disable P2P on RTX 4090 and route traffic through host memory: "
+             "a stock machine may measure differently; latency from 8 cards",
     ),
-    # A100 SXM4 with NVLink 3 through NVSwitch (DGX/HGX A100).
-    # busbw: 230–250 GB/s all_reduce busbw at large sizes on 8× A100 SXM4 NVLink, in the
-    #   reference table of docs.alayanew.com/en/docs/tech-blog/2026-05-06-nccl-tests ("NCCL-tests in practice").
-    # latency: a 32-byte all_reduce takes 10.1 µs on A100-SXM4-40GB (NVLink),
-    #   github.com/NVIDIA/nccl/issues/583 (2 cards).
+    # A100 SXM4 with NVLink 3 through NVSwitch (DGX/HGX A100 baseboard, 8 GPUs).
+    # busbw: docs.alayanew.com/en/docs/tech-blog/2026-05-06-nccl-tests ("NCCL-tests in
+    #   practice"), reference table: 230-250 GB/s all_reduce busbw at large messages on
+    #   8× A100 SXM4 with NVLink/NVSwitch. Measured on 8 GPUs, not 4: busbw is defined to be
+    #   comparable across GPU counts (nccl-tests doc/PERFORMANCE.md), but a 4-GPU run may differ.
+    # latency: github.com/NVIDIA/nccl/issues/583: a 32-byte all_reduce takes 10.1 µs on
+    #   2× A100-SXM4-40GB over NVLink (nccl-tests all_reduce_perf).
     "4×A100, NVLink": Interconnect(
         "4×A100, NVLink", busbw_gbs=235.0, latency_us=10.0,
-        source="nccl-tests all_reduce_perf: docs.alayanew.com nccl-tests table (busbw, 8× A100 SXM4), NVIDIA/nccl#583 (latency)",
-        note="busbw measured on 8 cards, latency on 2; a ring's busbw hardly depends on the count",
+        source="nccl-tests all_reduce_perf. busbw: docs.alayanew.com nccl-tests reference table, "
+               "8× A100 SXM4 NVLink/NVSwitch, large messages; latency: NVIDIA/nccl#583, "
+               "2× A100-SXM4-40GB NVLink, 32-byte message",
+        note="busbw measured on 8 cards, latency on 2, neither on 4",
     ),
 }

@@ -101,3 +101,12 @@ def test_worst_case_fit_bounds_the_largest_error():
     assert worst < 0.25 and worst_case.alpha >= 0 and worst_case.beta > 0
     exact = AlphaBeta.fit(sizes, [truth.seconds(s) for s in sizes], worst_case=True)
     assert exact.alpha == pytest.approx(truth.alpha, rel=1e-4) and exact.beta == pytest.approx(truth.beta, rel=1e-4)
+
+
+def test_published_figures_state_their_conditions():
+    """Each figure says how many GPUs it was measured on, and the 4090 one that its driver was P2P-unlocked."""
+    rtx = PUBLISHED["4×RTX 4090, PCIe 4"]
+    assert "P2P-unlocked" in rtx.source and "4 cards" in rtx.source and "8 cards" in rtx.source
+    assert "stock drivers disable P2P" in rtx.note
+    a100 = PUBLISHED["4×A100, NVLink"]
+    assert "8× A100" in a100.source and "2× A100" in a100.source and "8 cards" in a100.note

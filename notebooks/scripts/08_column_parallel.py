@@ -1,0 +1,59 @@
+"""Column-parallel linear layer by hand: each rank makes a quarter of the output features."""
+import os, torch, torch.distributed as dist
+import torch.nn.functional as F
+from fourcard_helpers import detect, report
+
+cards = detect(int(os.environ["WORLD_SIZE"]))
+dist.init_process_group(cards.backend)
+rank, world = dist.get_rank(), dist.get_world_size()
+device = cards.device(int(os.environ["LOCAL_RANK"]))
+if cards.kind == "cuda":
+    torch.cuda.set_device(device)
+calls = []  # every collective this rank calls: (pass, name, payload bytes)
+
+class CopyToShards(torch.autograd.Function):
+    """f: forward nothing (every rank has x); backward all-reduce ∂loss/∂x, to which each shard adds a part."""
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous()
+        calls.append(("backward", "all_reduce", grad.nbytes))
+        dist.all_reduce(grad)
+        return grad
+
+class GatherFromShards(torch.autograd.Function):
+    """Forward: all-gather the column slices into the full output. Backward: keep this rank's slice."""
+    @staticmethod
+    def forward(ctx, local):
+        pieces = [torch.empty_like(local) for _ in range(world)]
+        calls.append(("forward", "all_gather", local.nbytes * world))
+        dist.all_gather(pieces, local.contiguous())
+        return torch.cat(pieces, dim=-1)
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.chunk(world, dim=-1)[rank].contiguous()
+
+torch.manual_seed(0)  # the dense reference: every rank builds the same layer and input
+fc1 = torch.nn.Linear(32, 128).to(device)
+x = torch.randn(16, 32, device=device)
+w1 = fc1.weight.detach().chunk(world, dim=0)[rank].clone().requires_grad_()  # rows = output features
+b1 = fc1.bias.detach().chunk(world, dim=0)[rank].clone().requires_grad_()
+
+def grads(output, leaves):
+    """Backpropagate a fixed probe through `output`: the gradients of sum(output · probe)."""
+    probe = torch.linspace(-1, 1, output.numel(), device=device).view_as(output)
+    return torch.autograd.grad((output * probe).sum(), leaves)
+
+xr = x.clone().requires_grad_()
+y = GatherFromShards.apply(F.linear(CopyToShards.apply(xr), w1, b1))
+gx, gw1, gb1 = grads(y, [xr, w1, b1])
+xd = x.clone().requires_grad_()
+yd = fc1(xd)
+dx, dw1, db1 = grads(yd, [xd, fc1.weight, fc1.bias])
+gaps = {"output": (y - yd).abs().max().item(), "grad x": (gx - dx).abs().max().item(),
+        "grad weight shard": (gw1 - dw1.chunk(world, 0)[rank]).abs().max().item(),
+        "grad bias shard": (gb1 - db1.chunk(world, 0)[rank]).abs().max().item()}
+report(gaps=gaps, calls=calls, weight_shape=list(w1.shape))
+dist.destroy_process_group()

@@ -1,0 +1,50 @@
+"""The same Megatron MLP with DTensor: parallelize_module with ColwiseParallel and RowwiseParallel."""
+import copy, os, torch, torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.debug import CommDebugMode
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from fourcard_helpers import detect, report
+
+cards = detect(int(os.environ["WORLD_SIZE"]))
+dist.init_process_group(cards.backend)
+rank, world = dist.get_rank(), dist.get_world_size()
+device = cards.device(int(os.environ["LOCAL_RANK"]))
+if cards.kind == "cuda":
+    torch.cuda.set_device(device)
+
+class MLP(nn.Module):
+    def __init__(self, d=32, hidden=128):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(d, hidden), nn.Linear(hidden, d)
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+torch.manual_seed(0)
+dense = MLP().to(device)
+x = torch.randn(16, 32, device=device)
+mesh = init_device_mesh(cards.kind, (world,), mesh_dim_names=("tp",))   # four cards in a row
+tp = parallelize_module(copy.deepcopy(dense), mesh, {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+
+xt = x.clone().requires_grad_()
+counting = CommDebugMode()
+with counting:                                   # counts the collectives DTensor issues
+    y = tp(xt)
+    (y * y).sum().backward()
+per_pass = counting.comm_module_counts["Global"]
+xd = x.clone().requires_grad_()
+yd = dense(xd)
+(yd * yd).sum().backward()
+dense_grads = dict(dense.named_parameters())
+report(placements={name: str(p.placements) for name, p in tp.named_parameters()},
+       local_shapes={name: list(p.to_local().shape) for name, p in tp.named_parameters()},
+       forward_comms={str(op): n for op, n in per_pass["forward"].items()},
+       backward_comms={str(op): n for op, n in per_pass["backward"].items()},
+       gap_output=(y - yd).abs().max().item(), gap_grad_x=(xt.grad - xd.grad).abs().max().item(),
+       gap_grads={name: (p.grad.full_tensor() - dense_grads[name].grad).abs().max().item()
+                  for name, p in tp.named_parameters()},
+       grad_is_dtensor=all(isinstance(p.grad, DTensor) for p in tp.parameters()),
+       local_numel=sum(p.to_local().numel() for p in tp.parameters()),
+       dense_numel=sum(p.numel() for p in dense.parameters()))
+dist.destroy_process_group()

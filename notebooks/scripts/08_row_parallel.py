@@ -1,0 +1,47 @@
+"""Row-parallel linear layer by hand: each rank multiplies a quarter of the input features."""
+import os, torch, torch.distributed as dist
+import torch.nn.functional as F
+from fourcard_helpers import detect, report
+
+cards = detect(int(os.environ["WORLD_SIZE"]))
+dist.init_process_group(cards.backend)
+rank, world = dist.get_rank(), dist.get_world_size()
+device = cards.device(int(os.environ["LOCAL_RANK"]))
+if cards.kind == "cuda":
+    torch.cuda.set_device(device)
+calls = []  # every collective this rank calls: (pass, name, payload bytes)
+
+class ReduceFromShards(torch.autograd.Function):
+    """g: forward all-reduce (sum) the partial outputs; backward nothing (a sum's gradient reaches every term)."""
+    @staticmethod
+    def forward(ctx, partial):
+        total = partial.clone()
+        calls.append(("forward", "all_reduce", total.nbytes))
+        dist.all_reduce(total)
+        return total
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+torch.manual_seed(0)  # the dense reference: every rank builds the same layer and input
+fc2 = torch.nn.Linear(128, 32).to(device)
+h = torch.randn(16, 128, device=device)
+w2 = fc2.weight.detach().chunk(world, dim=1)[rank].clone().requires_grad_()  # columns = input features
+b2 = fc2.bias.detach().clone().requires_grad_()                              # whole on every rank
+
+def grads(output, leaves):
+    """Backpropagate a fixed probe through `output`: the gradients of sum(output · probe)."""
+    probe = torch.linspace(-1, 1, output.numel(), device=device).view_as(output)
+    return torch.autograd.grad((output * probe).sum(), leaves)
+
+hr = h.chunk(world, dim=-1)[rank].clone().requires_grad_()   # this rank's quarter of the features
+z = ReduceFromShards.apply(F.linear(hr, w2)) + b2            # the bias is added once, after the sum
+gh, gw2, gb2 = grads(z, [hr, w2, b2])
+hd = h.clone().requires_grad_()
+zd = fc2(hd)
+dh, dw2, db2 = grads(zd, [hd, fc2.weight, fc2.bias])
+gaps = {"output": (z - zd).abs().max().item(), "grad input slice": (gh - dh.chunk(world, -1)[rank]).abs().max().item(),
+        "grad weight shard": (gw2 - dw2.chunk(world, 1)[rank]).abs().max().item(),
+        "grad bias": (gb2 - db2).abs().max().item()}
+report(gaps=gaps, calls=calls, weight_shape=list(w2.shape))
+dist.destroy_process_group()
