@@ -18,6 +18,8 @@ definitions stay as the learner wrote them.
 """
 from __future__ import annotations
 
+import itertools
+import linecache
 import shlex
 import sys
 from pathlib import Path
@@ -30,6 +32,9 @@ from . import check
 from .cards import CardsError
 from .launch import LaunchError, LaunchResult, torchrun
 from .ranks import RankSessionError, RanksMagics
+
+
+_solution_numbers = itertools.count(1)  # one linecache name per %%solution run
 
 
 @magics_class
@@ -71,8 +76,12 @@ class TorchrunMagics(Magics):
         """
         namespace = dict(self.shell.user_ns)
         code = self.shell.transform_cell(cell)  # magics inside the solution still work
+        # Registered like an IPython cell, so that inspect.getsource() finds what the solution
+        # defines (a check may copy a solution's function into a four-rank script).
+        filename = f"<solution-{next(_solution_numbers)}>"
+        linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
         with check.reference_solution():
-            exec(compile(code, "<solution>", "exec"), namespace)  # noqa: S102 - the lesson's own cell
+            exec(compile(code, filename, "exec"), namespace)  # noqa: S102 - the lesson's own cell
 
 
 def _show_error(shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: int | None = None) -> list[str]:

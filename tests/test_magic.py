@@ -69,3 +69,12 @@ def test_a_wrong_reference_solution_fails_the_cell(shell: InteractiveShell) -> N
     stub = shell.run_cell("%%solution\nfrom fourcard_helpers import check\n"
                           "def f():\n    raise NotImplementedError\ncheck.exercise('f', f)")
     assert isinstance(stub.error_in_exec, NotImplementedError)  # a solution must be complete
+
+
+def test_a_solutions_functions_keep_their_source(shell: InteractiveShell) -> None:
+    """A check may copy a solution's function into a four-rank script: inspect must find its source."""
+    outcome = shell.run_cell("%%solution\nimport inspect\nfrom fourcard_helpers import check\n"
+                             "def halve(x):\n    return x / 2\n"
+                             "check.exercise('halve', lambda: check.equal(inspect.getsource(halve),"
+                             " 'def halve(x):\\n    return x / 2\\n'))")
+    assert outcome.success, outcome.error_in_exec

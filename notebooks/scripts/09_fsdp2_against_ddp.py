@@ -1,0 +1,60 @@
+import os, torch, torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
+from torch.nn.parallel import DistributedDataParallel as DDP
+from fourcard_helpers import detect, report
+cards = detect(int(os.environ["WORLD_SIZE"]))
+dist.init_process_group(cards.backend)
+rank, world = dist.get_rank(), dist.get_world_size()
+device = cards.device(int(os.environ["LOCAL_RANK"]))
+if cards.kind == "cuda":
+    torch.cuda.set_device(device)
+mesh = init_device_mesh(cards.kind, (world,))          # the four cards as a one-dimensional mesh
+
+calls = []                                             # (collective, bytes of the whole tensor), per call
+class CountedAllGather(DefaultAllGather):              # FSDP2's own collectives, counted on the way
+    def __call__(self, output_tensor, input_tensor, group, async_op=False):
+        calls.append(("all_gather", output_tensor.nbytes))
+        return super().__call__(output_tensor, input_tensor, group, async_op)
+class CountedReduceScatter(DefaultReduceScatter):
+    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+        calls.append(("reduce_scatter", input_tensor.nbytes))
+        return super().__call__(output_tensor, input_tensor, group, op, async_op)
+def counted_all_reduce(state, bucket):                 # a DDP communication hook: count, then all-reduce
+    calls.append(("all_reduce", bucket.buffer().nbytes))
+    return allreduce_hook(None, bucket)
+
+def make():                                            # the same model from the same seed, each time
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 16)).to(device)
+models = {"one card": make(), "DDP": DDP(make()), "FSDP2": make()}
+models["DDP"].register_comm_hook(None, counted_all_reduce)
+for layer in models["FSDP2"]:
+    if isinstance(layer, nn.Linear):                   # one FSDP unit per layer
+        fully_shard(layer, mesh=mesh)
+        layer.set_custom_all_gather(CountedAllGather())
+        layer.set_custom_reduce_scatter(CountedReduceScatter())
+fully_shard(models["FSDP2"], mesh=mesh)
+optimizers = {name: torch.optim.Adam(model.parameters(), lr=1e-2) for name, model in models.items()}
+data, sent = torch.Generator().manual_seed(0), {}       # the same global batches on every rank
+for step in range(3):
+    x, y = torch.randn(32, 64, generator=data).to(device), torch.randn(32, 16, generator=data).to(device)
+    mine = slice(rank * 8, rank * 8 + 8)               # this rank's quarter of the batch
+    for name, model in models.items():
+        calls.clear()
+        optimizers[name].zero_grad()
+        xs, ys = (x, y) if name == "one card" else (x[mine], y[mine])
+        nn.functional.mse_loss(model(xs), ys).backward()
+        optimizers[name].step()
+        sent[name] = list(calls)                       # the last step's collectives
+shards = list(models["FSDP2"].parameters())            # DTensors: .to_local() is this rank's piece
+state = [s[k].to_local() for s in optimizers["FSDP2"].state.values() for k in ("exp_avg", "exp_avg_sq")]
+held = {"weights": sum(p.to_local().nbytes for p in shards), "gradients": sum(p.grad.to_local().nbytes for p in shards),
+        "Adam m, v": sum(t.nbytes for t in state)}
+gap = lambda params: max((a - b).abs().max().item() for a, b in zip(params, models["one card"].parameters()))
+report(P=sum(p.numel() for p in models["one card"].parameters()), bytes=held, sent=sent, kind=type(shards[0]).__name__,
+       placement=str(shards[0].placements), gap_fsdp=gap(p.full_tensor() for p in shards), gap_ddp=gap(models["DDP"].parameters()))
+dist.destroy_process_group()
