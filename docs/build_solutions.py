@@ -25,17 +25,14 @@ def source(cell: dict) -> str:
 def exercises(path: Path) -> list[str]:
     """Markdown sections for one notebook's exercises: heading, check, solution."""
     cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
-    sections, heading = [], None
+    sections = []
     for index, cell in enumerate(cells):
         text = source(cell)
-        if cell["cell_type"] == "markdown":
-            found = re.findall(r"^###\s+(.+)$", text, re.M)
-            heading = found[-1] if found else heading
-            continue
-        if not text.startswith("%%solution"):
+        if cell["cell_type"] != "code" or not text.startswith("%%solution"):
             continue
         body = text.partition("\n")[2].rstrip()
-        title = heading or f"cell {index}"
+        named = re.findall(r"check\.exercise\(\s*f?[\"'](.+?)[\"']", body)  # the name the check prints
+        title = named[-1] if named else f"cell {index}"
         sections.append(f"### {title}\n\n```python\n{body}\n```\n")
     return sections
 
