@@ -20,15 +20,43 @@ ranks never communicated at all), never for pipeline stages, tensor-parallel or 
 """
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 import os
 import sys
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+_KEY = "_fourcard_doctor_key"  # set on samplers and optimizers: id() is reused once an object is freed
+_keys = itertools.count()
 SAMPLES_PER_PARAMETER = 16  # elements compared per parameter: cheap, and enough to see a divergence
 WEIGHT_TOLERANCE = 1e-5  # replicas agree to rounding; a never-averaged model differs by far more
+
+
+def _never_fails(method: Callable[..., None]) -> Callable[..., None]:
+    """The doctor runs inside the learner's script (in optimizer steps, samplers, loaders): a fault
+    of its own must never break that script. It gives up watching instead, and says nothing."""
+
+    @functools.wraps(method)
+    def guarded(self: "Observer", *args: Any, **kwargs: Any) -> None:
+        if self.broken:
+            return
+        try:
+            method(self, *args, **kwargs)
+        except Exception:  # noqa: BLE001 - anything: the script matters more than the diagnosis
+            self.broken = True
+
+    return guarded
+
+
+def _key(obj: Any) -> int:
+    """A number that names `obj` for the whole run (unlike id(), never reused by a later object)."""
+    if not hasattr(obj, _KEY):
+        setattr(obj, _KEY, next(_keys))
+    return getattr(obj, _KEY)
 
 
 def _sample_positions(numel: int) -> list[int]:
@@ -47,12 +75,15 @@ class Observer:
     """Facts one rank gathers while its script runs (see the module docstring)."""
 
     steps: int = 0
+    broken: bool = False  # a fault of the doctor's own: it stopped watching, and reports nothing
     collectives_at_first_step: int | None = None
     collectives_at_last_step: int = 0
     joined_group: bool = False
     collectives_at_exit: int | None = None  # counted when the group is destroyed, if it is
-    ddp_parameters: set[int] = field(default_factory=set)  # ids of parameters inside DDP modules
+    used_ddp: bool = False
+    ddp_parameters: dict[int, weakref.ref] = field(default_factory=dict)  # id → parameter inside a DDP module
     last_samples: dict[int, tuple[list[tuple[int, ...]], list[Any], bool]] = field(default_factory=dict)
+    optimizers: dict[int, weakref.ref] = field(default_factory=dict)  # weak: the doctor keeps nothing alive
     sampler_epochs: dict[int, list[int]] = field(default_factory=dict)  # shuffling samplers only
     padded_evaluations: list[dict[str, int]] = field(default_factory=list)
     saved_paths: list[str] = field(default_factory=list)
@@ -114,7 +145,8 @@ class Observer:
 
         def watched_ddp_init(module: Any, *args: Any, **kwargs: Any) -> None:
             ddp_init(module, *args, **kwargs)
-            observer.ddp_parameters.update(id(p) for p in module.module.parameters())
+            observer.used_ddp = True
+            observer.ddp_parameters.update((id(p), weakref.ref(p)) for p in module.module.parameters())
 
         ddp.__init__ = watched_ddp_init  # type: ignore[method-assign]
 
@@ -132,41 +164,68 @@ class Observer:
                 pass
         return total
 
+    @_never_fails
     def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        import torch
-
         self.steps += 1
         count = self._collectives()
         if self.collectives_at_first_step is None:
             self.collectives_at_first_step = count
         self.collectives_at_last_step = count
+        self.optimizers[_key(optimizer)] = weakref.ref(optimizer)
+        self._sample(optimizer)
+
+    def _in_ddp(self, parameter: Any) -> bool:
+        """Whether DDP wraps this very tensor (by identity: tensors compare element-wise, and ids get reused)."""
+        ref = self.ddp_parameters.get(id(parameter))
+        return ref is not None and ref() is parameter
+
+    def _sample(self, optimizer: Any) -> None:
+        """Note a few weights of each of the optimizer's parameter groups, as they are now."""
+        import torch
+
         with torch.no_grad():
             for group_index, group in enumerate(optimizer.param_groups):
                 params = [p for p in group["params"] if not _is_shard(p)]
                 shapes = [tuple(p.shape) for p in params]
                 samples = [p.detach().reshape(-1)[_sample_positions(p.numel())].clone() for p in params if p.numel()]
-                in_ddp = bool(params) and all(id(p) in self.ddp_parameters for p in params)
-                self.last_samples[id(optimizer) * 100 + group_index] = (shapes, samples, in_ddp)
+                in_ddp = bool(params) and all(self._in_ddp(p) for p in params)
+                self.last_samples[_key(optimizer) * 100 + group_index] = (shapes, samples, in_ddp)
 
+    @_never_fails
     def _sampler_iterated(self, sampler: Any) -> None:
         import torch
 
         if sampler.shuffle:
-            self.sampler_epochs.setdefault(id(sampler), []).append(sampler.epoch)
+            self.sampler_epochs.setdefault(_key(sampler), []).append(sampler.epoch)
         padding = sampler.total_size - len(sampler.dataset)
         if not sampler.drop_last and padding > 0 and not torch.is_grad_enabled():
             self.padded_evaluations.append({"dataset": len(sampler.dataset), "padding": padding,
                                             "collectives_before": self._collectives()})
 
+    @_never_fails
+    def _note_first_batch(self, batch: Any) -> None:
+        first = batch[0] if isinstance(batch, (list, tuple)) else batch
+        if hasattr(first, "reshape") and getattr(first, "numel", lambda: 0)():
+            flat = first.detach().reshape(-1).double()
+            self.first_batches.append([float(flat.sum()), float(flat[_sample_positions(flat.numel())].sum())])
+
+    @_never_fails
+    def _sample_final_weights(self) -> None:
+        for optimizer in filter(None, (ref() for ref in self.optimizers.values())):
+            self._sample(optimizer)  # after anything that ran past the last step (Join's final broadcast)
+
     # -- what the rank reports ----------------------------------------------------------
     def record(self) -> dict[str, Any]:
         """The facts as plain JSON data, taken when the script has finished."""
+        self._sample_final_weights()
+        if self.broken:
+            return {"broken": True}
         weights = []
         for shapes, samples, in_ddp in self.last_samples.values():
             weights.append({"shapes": [list(s) for s in shapes], "in_ddp": in_ddp,
                             "values": [[float(v) for v in s.float().cpu().tolist()] for s in samples]})
         return {
-            "steps": self.steps, "joined_group": self.joined_group, "used_ddp": bool(self.ddp_parameters),
+            "steps": self.steps, "joined_group": self.joined_group, "used_ddp": self.used_ddp,
             "collectives_while_training": (self.collectives_at_last_step - self.collectives_at_first_step
                                            if self.collectives_at_first_step is not None else 0),
             "collectives_at_end": self._collectives(),
@@ -194,10 +253,7 @@ class _FirstBatch:
         batch = next(self.iterator)
         if not self.seen:
             self.seen = True
-            first = batch[0] if isinstance(batch, (list, tuple)) else batch
-            if hasattr(first, "reshape") and getattr(first, "numel", lambda: 0)():
-                flat = first.detach().reshape(-1).double()
-                self.observer.first_batches.append([float(flat.sum()), float(flat[_sample_positions(flat.numel())].sum())])
+            self.observer._note_first_batch(batch)
         return batch
 
     def __getattr__(self, name: str) -> Any:
@@ -224,7 +280,7 @@ def _largest_weight_gap(records: list[dict[str, Any]], only_ddp: bool) -> float 
 
 def examine(records: dict[int, dict[str, Any]], nproc: int) -> list[str]:
     """Warnings for a launch whose ranks all reported (see the module docstring)."""
-    if nproc < 2 or sorted(records) != list(range(nproc)):
+    if nproc < 2 or sorted(records) != list(range(nproc)) or any(r.get("broken") for r in records.values()):
         return []
     ranks = [records[rank] for rank in range(nproc)]
     warnings = []

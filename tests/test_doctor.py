@@ -74,6 +74,11 @@ def test_a_correct_ddp_script_gets_no_warning() -> None:
     warnings = launch(DDP_START + """
 loader = DataLoader(data, batch_size=50, sampler=DistributedSampler(data, drop_last=True))
 """ + TRAIN.format(set_epoch="loader.sampler.set_epoch(epoch)") + """
+for run in range(3):  # a sweep: a fresh sampler per run, each iterated once (freed ids get reused)
+    fresh = DistributedSampler(data)
+    fresh.set_epoch(0)
+    list(fresh)
+    del fresh
 test = DataLoader(data, batch_size=50, sampler=DistributedSampler(data, shuffle=False))  # pads 250 to 252, counts combined
 with torch.no_grad():
     right = sum((model(x).argmax(1) == y).sum() for x, y in test)
@@ -186,3 +191,20 @@ def test_examine_needs_every_rank(nproc: int) -> None:
               "collectives_at_end": 0, "weights": [{"shapes": [[1]], "in_ddp": False, "values": [[1.0]]}],
               "sampler_epochs": [], "padded_evaluations": [], "saved_paths": [], "first_batches": []}
     assert examine({0: record}, nproc) == []  # one rank, or a rank missing: nothing to compare
+
+
+def test_a_fault_of_the_doctor_never_breaks_the_script() -> None:
+    import torch
+
+    from fourcard_helpers.doctor import Observer
+
+    observer = Observer()
+    observer.ddp_parameters = None  # type: ignore[assignment] - a stand-in for any bug of the doctor's own
+    model = torch.nn.Linear(3, 3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    observer._after_step(optimizer, (), {})  # would raise without the guard
+    assert observer.broken and observer.record() == {"broken": True}
+    healthy = {"steps": 1, "joined_group": False, "used_ddp": False, "collectives_while_training": 0,
+               "collectives_at_end": 0, "weights": [], "sampler_epochs": [], "padded_evaluations": [],
+               "saved_paths": [], "first_batches": []}
+    assert examine({0: healthy, 1: {"broken": True}}, 2) == []  # a rank that stopped watching: no verdict

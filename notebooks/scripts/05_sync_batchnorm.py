@@ -31,7 +31,7 @@ class SumOverRanks(torch.autograd.Function):
 
 
 class AllReduceBatchNorm2d(nn.BatchNorm2d):
-    """What nn.SyncBatchNorm computes in training (it runs on GPUs only): batch statistics over ALL ranks."""
+    """What nn.SyncBatchNorm computes in training (it refuses CPU tensors): batch statistics over ALL ranks."""
     def forward(self, x):
         sums = SumOverRanks.apply(torch.cat([x.sum((0, 2, 3)), (x * x).sum((0, 2, 3)), x.new_tensor([x[:, 0].numel()])]))
         c, n = x.shape[1], sums[-1]  # per channel, over all ranks: sums of values and squares; n values

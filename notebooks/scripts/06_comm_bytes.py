@@ -18,7 +18,7 @@ def counting_all_reduce(tensor, *args, **kwargs):
     return plain_all_reduce(tensor, *args, **kwargs)
 dist.all_reduce = counting_all_reduce         # the comm hooks call dist.all_reduce: count it
 def bf16_hook(group, bucket):
-    # default_hooks.bf16_compress_hook, written out: DDP only registers the built-in on NCCL.
+    # default_hooks.bf16_compress_hook, written out: the built-in needs a build with CUDA and NCCL >= 2.10.
     compressed = bucket.buffer().to(torch.bfloat16).div_(world)
     future = dist.all_reduce(compressed, group=group, async_op=True).get_future()
     return future.then(lambda done: bucket.buffer().copy_(done.value()[0]))
@@ -29,7 +29,7 @@ HOOKS = {
     "DDP + fp16 hook": default_hooks.fp16_compress_hook,
     "DDP + bf16 hook": default_hooks.bf16_compress_hook if cards.backend == "nccl" else bf16_hook,
 }
-if cards.backend != "nccl":                   # the built-in bf16 hook checks the backend
+if cards.backend != "nccl":                   # try the built-in: it checks the build, not the backend
     try:
         DDP(MnistCNN().to(device)).register_comm_hook(dist.group.WORLD, default_hooks.bf16_compress_hook)
     except TypeError as error:
