@@ -56,7 +56,9 @@ from .worker import shorten_paths
 SESSION_ENV = "FOURCARD_RANKS_SESSION"  # marks this session's processes, to stop every one of them
 POLL_SECONDS = 0.05  # how often a waiting cell checks that every rank is still there
 GRACE_SECONDS = 3.0  # how long torchrun and the controller get to stop before SIGKILL
-FAIL_FAST_SECONDS = 3.0  # after a rank raised, how long the others get to finish the cell
+FAIL_FAST_SECONDS = 15.0  # after a rank raised, how long the others get to finish the cell: long enough
+# for a slow rank on a busy machine; a rank stuck in a collective the raising rank never reached is
+# stopped after it (nothing can free it)
 CELL_LABEL = "<ranks cell {}>"  # numbered, so that every cell's source stays readable on the ranks
 
 SETUP = """\
