@@ -120,7 +120,7 @@ class AlphaBeta:
 
     def bucketed_seconds(self, nbytes: float, bucket_bytes: float) -> float:
         """Time to all-reduce `nbytes` sent as ceil(nbytes / bucket_bytes) separate buckets,
-        as DDP does (25 MB buckets by default): every bucket pays alpha once."""
+        as DDP does (25 MiB buckets by default): every bucket pays alpha once."""
         buckets = max(1, math.ceil(nbytes / bucket_bytes))
         return buckets * self.alpha + self.beta * nbytes
 
