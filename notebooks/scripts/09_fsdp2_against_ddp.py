@@ -1,4 +1,4 @@
-import os, torch, torch.distributed as dist
+import gc, os, torch, torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.distributed.device_mesh import init_device_mesh
@@ -57,4 +57,6 @@ held = {"weights": sum(p.to_local().nbytes for p in shards), "gradients": sum(p.
 gap = lambda params: max((a - b).abs().max().item() for a, b in zip(params, models["one card"].parameters()))
 report(P=sum(p.numel() for p in models["one card"].parameters()), bytes=held, sent=sent, kind=type(shards[0]).__name__,
        placement=str(shards[0].placements), gap_fsdp=gap(p.full_tensor() for p in shards), gap_ddp=gap(models["DDP"].parameters()))
+del models, model, layer, optimizers, shards, state, mesh  # all that holds the process group, so that it is freed
+gc.collect()  # in destroy_process_group() below, while Python runs: freed at interpreter exit, it can abort a rank
 dist.destroy_process_group()
