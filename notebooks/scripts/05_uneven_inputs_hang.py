@@ -29,5 +29,5 @@ for part in my_batches:  # the same loop as before, without Join
     F.cross_entropy(model(images[part]), labels[part]).backward()
     optimizer.step()
 print(f"my {len(my_batches)} batches are done; waiting for the others", flush=True)
-dist.monitored_barrier(group=watch, timeout=datetime.timedelta(seconds=5), wait_all_ranks=True)
+dist.monitored_barrier(group=watch, timeout=datetime.timedelta(seconds=2), wait_all_ranks=True)
 dist.destroy_process_group()
