@@ -1,4 +1,4 @@
-import os, time, torch, torch.distributed as dist, torch.nn.functional as F
+import argparse, itertools, os, time, torch, torch.distributed as dist, torch.nn.functional as F
 from contextlib import nullcontext
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -7,6 +7,9 @@ from comm_meter import CountBytes, accuracy, model_state_bytes, peak_memory
 from fourcard_helpers import detect, load_mnist, report
 from fourcard_helpers.models import MnistCNN
 
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, default=8)   # measured steps (after 2 warm-up steps), 64 digits each
+STEPS, GLOBAL_BATCH, LR = parser.parse_args().steps, 64, 3e-3
 cards = detect(int(os.environ["WORLD_SIZE"]))
 dist.init_process_group(cards.backend)
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -14,7 +17,6 @@ device = cards.device(int(os.environ["LOCAL_RANK"]))
 if cards.kind == "cuda":
     torch.cuda.set_device(device)
 train_set, test_set = load_mnist("train"), load_mnist("test")
-GLOBAL_BATCH, LR = 64, 3e-3  # the same samples per step, whatever the strategy
 
 for strategy in ("single card", "DDP", "DDP, no_sync ×2", "FSDP2"):
     n = 1 if strategy == "single card" else world      # cards this strategy uses
@@ -33,9 +35,12 @@ for strategy in ("single card", "DDP", "DDP, no_sync ×2", "FSDP2"):
         loader = DataLoader(train_set, GLOBAL_BATCH // n // micro, sampler=sampler, drop_last=True)
         if cards.kind == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        counter, steps, started = CountBytes(), 0, time.perf_counter()
+        counter = CountBytes()
         with counter:
-            for i, (x, y) in enumerate(loader):
+            for i, (x, y) in enumerate(itertools.islice(loader, (STEPS + 2) * micro)):
+                if i == 2 * micro:                      # steps 0 and 1 warm up: not timed, not counted
+                    counter.reset()
+                    started = time.perf_counter()
                 last = i % micro == micro - 1
                 quiet = model.no_sync() if micro > 1 and not last else nullcontext()
                 with quiet:                             # no_sync: keep the gradient, skip the all-reduce
@@ -43,11 +48,9 @@ for strategy in ("single card", "DDP", "DDP, no_sync ×2", "FSDP2"):
                 if last:
                     optimizer.step()
                     optimizer.zero_grad()
-                    steps += 1
         seconds = time.perf_counter() - started
-        result = dict(strategy=strategy, cards=n, samples=steps * GLOBAL_BATCH, seconds=seconds,
-                      samples_per_s=steps * GLOBAL_BATCH / seconds, bytes_per_step=counter.bytes / steps,
-                      messages_per_step=counter.calls / steps,
+        result = dict(cards=n, samples=(STEPS + 2) * GLOBAL_BATCH, samples_per_s=STEPS * GLOBAL_BATCH / seconds,
+                      bytes_per_step=counter.bytes / STEPS, messages_per_step=counter.calls / STEPS,
                       state_bytes=model_state_bytes(list(model.parameters()), optimizer),
                       peak_memory=peak_memory(device), accuracy=accuracy(model, test_set, device))
         report(**{strategy: result})

@@ -1,4 +1,4 @@
-import os, time, torch, torch.distributed as dist, torch.nn.functional as F
+import argparse, itertools, os, time, torch, torch.distributed as dist, torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
@@ -7,6 +7,9 @@ from comm_meter import CountBytes, accuracy, model_state_bytes, peak_memory
 from fourcard_helpers import detect, load_mnist, report
 from fourcard_helpers.models import MnistCNN
 
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, default=8)   # measured steps (after 2 warm-up steps), 64 digits each
+STEPS, GLOBAL_BATCH, LR = parser.parse_args().steps, 64, 3e-3
 cards = detect(int(os.environ["WORLD_SIZE"]))
 dist.init_process_group(cards.backend)
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -14,7 +17,6 @@ device = cards.device(int(os.environ["LOCAL_RANK"]))
 if cards.kind == "cuda":
     torch.cuda.set_device(device)
 train_set, test_set = load_mnist("train"), load_mnist("test")
-GLOBAL_BATCH, LR = 64, 3e-3
 
 for strategy, shape in (("tensor parallel", (1, world)), ("2×2: data × tensor", (2, world // 2))):
     mesh = init_device_mesh(cards.kind, shape, mesh_dim_names=("dp", "tp"))
@@ -31,9 +33,12 @@ for strategy, shape in (("tensor parallel", (1, world)), ("2×2: data × tensor"
     loader = DataLoader(train_set, GLOBAL_BATCH // shape[0], sampler=sampler, drop_last=True)
     if cards.kind == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    counter, steps, started = CountBytes(), 0, time.perf_counter()
+    counter = CountBytes()
     with counter:
-        for x, y in loader:
+        for step, (x, y) in enumerate(itertools.islice(loader, STEPS + 2)):
+            if step == 2:                               # steps 0 and 1 warm up: not timed, not counted
+                counter.reset()
+                started = time.perf_counter()
             F.cross_entropy(model(x.to(device)), y.to(device)).backward()
             if shape[0] > 1:                        # data parallel across groups: average gradients
                 for p in model.parameters():
@@ -42,16 +47,14 @@ for strategy, shape in (("tensor parallel", (1, world)), ("2×2: data × tensor"
                     grad /= shape[0]
             optimizer.step()
             optimizer.zero_grad()
-            steps += 1
     seconds = time.perf_counter() - started
     state = model_state_bytes(list(model.parameters()), optimizer)
     full = MnistCNN().to(device)                    # gather the shards into a plain model to test it
     full.load_state_dict({k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in model.state_dict().items()})
-    result = dict(strategy=strategy, cards=world, samples=steps * GLOBAL_BATCH, seconds=seconds,
-                  samples_per_s=steps * GLOBAL_BATCH / seconds, bytes_per_step=counter.bytes / steps,
-                  messages_per_step=counter.calls / steps,
+    result = dict(cards=world, samples=(STEPS + 2) * GLOBAL_BATCH, samples_per_s=STEPS * GLOBAL_BATCH / seconds,
+                  bytes_per_step=counter.bytes / STEPS, messages_per_step=counter.calls / STEPS,
                   state_bytes=state, peak_memory=peak_memory(device), accuracy=accuracy(full, test_set, device))
     report(**{strategy: result})
     if rank == 0:
-        print(f"{strategy:18} {result['samples_per_s']:7.0f} samples/s  accuracy {result['accuracy']:.1%}", flush=True)
+        print(f"{strategy:18} {result['samples_per_s']:5.0f} samples/s, accuracy {result['accuracy']:.1%}", flush=True)
 dist.destroy_process_group()
