@@ -1,0 +1,60 @@
+import argparse, itertools, os, time, torch, torch.distributed as dist, torch.nn.functional as F
+from contextlib import nullcontext
+from torch.distributed.fsdp import fully_shard
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler
+from comm_meter import CountBytes, accuracy, model_state_bytes, peak_memory
+from fourcard_helpers import detect, load_mnist, report
+from fourcard_helpers.models import MnistCNN
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, default=8)   # measured steps (after 2 warm-up steps), 64 digits each
+STEPS, GLOBAL_BATCH, LR = parser.parse_args().steps, 64, 3e-3
+cards = detect(int(os.environ["WORLD_SIZE"]))
+dist.init_process_group(cards.backend)
+rank, world = dist.get_rank(), dist.get_world_size()
+device = cards.device(int(os.environ["LOCAL_RANK"]))
+if cards.kind == "cuda":
+    torch.cuda.set_device(device)
+train_set, test_set = load_mnist("train"), load_mnist("test")
+
+for strategy in ("single card", "DDP", "DDP, no_sync ×2", "FSDP2"):
+    n = 1 if strategy == "single card" else world      # cards this strategy uses
+    micro = 2 if "no_sync" in strategy else 1           # micro-batches per optimizer step
+    if rank < n:
+        torch.manual_seed(0)                            # the same initial weights everywhere
+        model = MnistCNN().to(device)
+        if strategy.startswith("DDP"):
+            model = DDP(model, device_ids=[device.index] if cards.kind == "cuda" else None)
+        elif strategy == "FSDP2":
+            for layer in model.children():              # each layer a unit: gathered, used, freed
+                fully_shard(layer)
+            fully_shard(model)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+        sampler = DistributedSampler(train_set, n, rank, shuffle=True, seed=0)
+        loader = DataLoader(train_set, GLOBAL_BATCH // n // micro, sampler=sampler, drop_last=True)
+        if cards.kind == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        counter = CountBytes()
+        with counter:
+            for i, (x, y) in enumerate(itertools.islice(loader, (STEPS + 2) * micro)):
+                if i == 2 * micro:                      # steps 0 and 1 warm up: not timed, not counted
+                    counter.reset()
+                    started = time.perf_counter()
+                last = i % micro == micro - 1
+                quiet = model.no_sync() if micro > 1 and not last else nullcontext()
+                with quiet:                             # no_sync: keep the gradient, skip the all-reduce
+                    (F.cross_entropy(model(x.to(device)), y.to(device)) / micro).backward()
+                if last:
+                    optimizer.step()
+                    optimizer.zero_grad()
+        seconds = time.perf_counter() - started
+        result = dict(cards=n, samples=(STEPS + 2) * GLOBAL_BATCH, samples_per_s=STEPS * GLOBAL_BATCH / seconds,
+                      bytes_per_step=counter.bytes / STEPS, messages_per_step=counter.calls / STEPS,
+                      state_bytes=model_state_bytes(list(model.parameters()), optimizer),
+                      peak_memory=peak_memory(device), accuracy=accuracy(model, test_set, device))
+        report(**{strategy: result})
+        if rank == 0:
+            print(f"{strategy:16} {result['samples_per_s']:5.0f} samples/s, accuracy {result['accuracy']:.1%}", flush=True)
+    dist.barrier()                                      # the other cards wait while one card trains alone
+dist.destroy_process_group()

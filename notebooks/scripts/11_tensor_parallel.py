@@ -1,0 +1,60 @@
+import argparse, itertools, os, time, torch, torch.distributed as dist, torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.utils.data import DataLoader, DistributedSampler
+from comm_meter import CountBytes, accuracy, model_state_bytes, peak_memory
+from fourcard_helpers import detect, load_mnist, report
+from fourcard_helpers.models import MnistCNN
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, default=8)   # measured steps (after 2 warm-up steps), 64 digits each
+STEPS, GLOBAL_BATCH, LR = parser.parse_args().steps, 64, 3e-3
+cards = detect(int(os.environ["WORLD_SIZE"]))
+dist.init_process_group(cards.backend)
+rank, world = dist.get_rank(), dist.get_world_size()
+device = cards.device(int(os.environ["LOCAL_RANK"]))
+if cards.kind == "cuda":
+    torch.cuda.set_device(device)
+train_set, test_set = load_mnist("train"), load_mnist("test")
+
+for strategy, shape in (("tensor parallel", (1, world)), ("2×2: data × tensor", (2, world // 2))):
+    mesh = init_device_mesh(cards.kind, shape, mesh_dim_names=("dp", "tp"))
+    dp, dp_rank = mesh["dp"].get_group(), mesh["dp"].get_local_rank()
+    torch.manual_seed(0)
+    model = MnistCNN().to(device)                   # fc1 split by columns, fc2 by rows (lesson 08);
+    # fc1's 50 outputs do not split evenly over 4 cards (13, 13, 12, 12): keep its output a DTensor,
+    # which knows the true global shape, rather than a plain local tensor fc2 would have to guess from.
+    plan = {"fc1": ColwiseParallel(use_local_output=False), "fc2": RowwiseParallel()}
+    parallelize_module(model, mesh["tp"], plan)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)  # the convolutions are replicated
+    # A tensor-parallel group shares one batch; with 2 groups, each gets half of every batch.
+    sampler = DistributedSampler(train_set, shape[0], dp_rank, shuffle=True, seed=0)
+    loader = DataLoader(train_set, GLOBAL_BATCH // shape[0], sampler=sampler, drop_last=True)
+    if cards.kind == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    counter = CountBytes()
+    with counter:
+        for step, (x, y) in enumerate(itertools.islice(loader, STEPS + 2)):
+            if step == 2:                               # steps 0 and 1 warm up: not timed, not counted
+                counter.reset()
+                started = time.perf_counter()
+            F.cross_entropy(model(x.to(device)), y.to(device)).backward()
+            if shape[0] > 1:                        # data parallel across groups: average gradients
+                for p in model.parameters():
+                    grad = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+                    dist.all_reduce(grad, group=dp)
+                    grad /= shape[0]
+            optimizer.step()
+            optimizer.zero_grad()
+    seconds = time.perf_counter() - started
+    state = model_state_bytes(list(model.parameters()), optimizer)
+    full = MnistCNN().to(device)                    # gather the shards into a plain model to test it
+    full.load_state_dict({k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in model.state_dict().items()})
+    result = dict(cards=world, samples=(STEPS + 2) * GLOBAL_BATCH, samples_per_s=STEPS * GLOBAL_BATCH / seconds,
+                  bytes_per_step=counter.bytes / STEPS, messages_per_step=counter.calls / STEPS,
+                  state_bytes=state, peak_memory=peak_memory(device), accuracy=accuracy(full, test_set, device))
+    report(**{strategy: result})
+    if rank == 0:
+        print(f"{strategy:18} {result['samples_per_s']:5.0f} samples/s, accuracy {result['accuracy']:.1%}", flush=True)
+dist.destroy_process_group()

@@ -1,0 +1,48 @@
+"""Lesson 11's measuring instruments: the module its launches import is the lesson's own cell, and it counts."""
+import importlib.util
+import json
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+SHIPPED = NOTEBOOKS / "scripts" / "comm_meter.py"
+
+
+def test_the_module_the_launches_import_is_the_lessons_cell():
+    """scripts/comm_meter.py is written by a %%writefile cell of lesson 11: the shipped file must be that cell."""
+    notebook = json.loads((NOTEBOOKS / "11_capstone.ipynb").read_text(encoding="utf-8"))
+    cells = ["".join(c["source"]) for c in notebook["cells"] if c["cell_type"] == "code"]
+    written = [text for text in cells if text.startswith("%%writefile scripts/comm_meter.py")]
+    assert len(written) == 1
+    assert SHIPPED.read_text(encoding="utf-8") == written[0].partition("\n")[2]
+
+
+@pytest.fixture()
+def one_rank_group():
+    """A real gloo process group of one rank, on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_count_bytes_counts_messages_and_their_size_not_barriers(one_rank_group):
+    spec = importlib.util.spec_from_file_location("comm_meter", SHIPPED)
+    comm_meter = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(comm_meter)
+    counter = comm_meter.CountBytes()
+    with counter:
+        dist.all_reduce(torch.ones(1000))                     # 4,000 bytes
+        dist.broadcast(torch.ones(10, dtype=torch.float64), 0)  # 80 bytes
+        dist.barrier()                                         # not a message
+    assert (counter.bytes, counter.calls) == (4080, 2)
+    counter.reset()
+    assert (counter.bytes, counter.calls) == (0, 0)
+    dist.all_reduce(torch.ones(5))  # outside the `with`: not seen
+    assert counter.calls == 0
