@@ -12,7 +12,11 @@ What the notebook gets on top of a bare `torchrun`:
 * on failure, the first failing rank's traceback instead of torchrun's summary of every
   SIGTERM it sent, and a hint at the likely cause (diagnose.py);
 * no process left behind: not after a crash, a hang past `timeout`, an interrupt of the
-  kernel, nor the kernel itself dying (see `_Launch.stop` and agent.py).
+  kernel, nor the kernel itself dying (see `_Launch.stop` and agent.py);
+* `nnodes`: several torchrun agents on this machine, each standing in for one machine of a
+  cluster, joined by torchrun's c10d rendezvous into one world, as on a real cluster;
+* `max_restarts`: torchrun's elastic restarts. When a rank fails, torchrun (not this module)
+  stops the group and starts it again, so failing fast waits until no restart is left.
 
 Ranks, torchrun and this module talk only through the run folder (rundir.py).
 """
@@ -44,6 +48,10 @@ from .worker import REPO_ROOT
 __all__ = ["torchrun", "LaunchResult", "LaunchError", "leftover_processes", "rank_environment"]
 
 LAUNCHER_ENV = "FOURCARD_LAUNCHER_PID"
+# torchrun's agent shares its rendezvous TCP store with the ranks; after an elastic restart,
+# gloo ranks were seen to hang in init_process_group on it (pytorch/pytorch#135712). With this
+# set, each round of the rendezvous gives the ranks a store of their own.
+RESTART_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 POLL_SECONDS = 0.05  # how often rank output is forwarded; small against a 5 s launch
 GRACE_SECONDS = 3.0  # how long torchrun gets to stop its ranks before we kill them
 FAIL_FAST_SECONDS = 5.0  # after a rank raised, how long torchrun gets to notice
@@ -160,76 +168,119 @@ def _script_file(script: str | Path, run_dir: Path) -> tuple[Path, str]:
     return path, "cell.py"
 
 
-class _Launch:
-    """One launch: its run folder, the torchrun agent, the ranks' output, the means to stop them."""
+def _free_port() -> int:
+    """A port that is free on 127.0.0.1 now. Several agents must all be told the rendezvous
+    endpoint before any of them starts, so the host agent cannot pick its own (port 0) as a
+    single agent does; another program taking the port in the moment between is not guarded
+    against (the launch would then fail, saying so in torchrun's output)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
-    def __init__(self, cards: Cards, echo: bool, doctor: bool = True) -> None:
+
+def _node_gpus(cards: Cards, node: int, per_node: int) -> dict[str, str]:
+    """On GPUs, each local agent ("machine") sees its own GPUs, numbered from 0 as on a machine
+    of its own; simulated cards need nothing."""
+    if cards.kind != "cuda":
+        return {}
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = visible.split(",") if visible else [str(i) for i in range(cards.count)]
+    return {"CUDA_VISIBLE_DEVICES": ",".join(ids[node * per_node:(node + 1) * per_node])}
+
+
+class _Launch:
+    """One launch: its run folder, its torchrun agents (one per node), the ranks' output, the
+    means to stop them."""
+
+    def __init__(self, cards: Cards, echo: bool, doctor: bool = True, nnodes: int = 1, max_restarts: int = 0) -> None:
         self.cards = cards
-        self.nproc = cards.count
+        self.nproc = cards.count  # the world: every rank of every node
+        self.nnodes = nnodes
+        self.max_restarts = max_restarts
         self.echo = echo
         self.doctor = doctor  # check a successful script for data-parallel mistakes (doctor.py)
         self.run = RunDir(tempfile.mkdtemp(prefix="fourcard-"))
         self.started = time.monotonic()
-        self.command: list[str] = []
+        self.commands: list[list[str]] = []  # one torchrun agent per node
         self.env: dict[str, str] = {}
         self.streams: dict[tuple[str, int], _RankStream] = {}
         self.lines: list[str] = []
         self.torchrun_output: list[str] = []
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.reader: threading.Thread | None = None
-        self.kernel_end: int | None = None  # our end of the pipe whose closing stops the agent
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.readers: list[threading.Thread] = []
+        self.kernel_end: int | None = None  # our end of the pipe whose closing stops the agents
 
     def prepare(self, script: str | Path, args: Iterable[str], env: Mapping[str, str] | None,
                 label: str | None) -> None:
-        """The script file, the ranks' environment and torchrun's command line."""
+        """The script file, the ranks' environment and each agent's torchrun command line.
+
+        One node hosts the rendezvous store (the first agent; on a cluster, the node named in
+        --rdzv-endpoint); the c10d rendezvous numbers the nodes (GROUP_RANK) as they join."""
         path, default_label = _script_file(script, self.run.path)
+        restarts = {RESTART_ENV: "1"} if self.max_restarts else {}
         self.env = rank_environment(self.cards, self.run.path, label or default_label,
-                                    {DOCTOR_ENV: "1" if self.doctor else "0", **(env or {})})
-        self.command = [
-            sys.executable, "-m", "fourcard_helpers.agent",
-            "--nnodes=1", f"--nproc-per-node={self.nproc}",
-            "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", f"--rdzv-id={uuid.uuid4().hex[:12]}",
-            "--max-restarts=0", "--monitor-interval=0.1", f"--log-dir={self.run.path / 'torchrun'}",
-            "-m", "fourcard_helpers.worker", str(path), *map(str, args),
-        ]
+                                    {DOCTOR_ENV: "1" if self.doctor else "0", **restarts, **(env or {})})
+        per_node = self.nproc // self.nnodes
+        endpoint = f"127.0.0.1:{_free_port() if self.nnodes > 1 else 0}"
+        run_id = uuid.uuid4().hex[:12]
+        for node in range(self.nnodes):
+            host = [f"--rdzv-conf=is_host={'true' if node == 0 else 'false'}"] if self.nnodes > 1 else []
+            self.commands.append([
+                sys.executable, "-m", "fourcard_helpers.agent",
+                f"--nnodes={self.nnodes}", f"--nproc-per-node={per_node}",
+                "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={run_id}", *host,
+                f"--max-restarts={self.max_restarts}", "--monitor-interval=0.1", f"--log-dir={self.run.path / 'torchrun' / str(node)}",
+                "-m", "fourcard_helpers.worker", str(path), *map(str, args),
+            ])
         if self.echo:
             cores = os.cpu_count() or 1
             sharing = (f"; OMP_NUM_THREADS={self.env['OMP_NUM_THREADS']} per rank ({cores} CPU cores shared)"
                        if self.cards.kind == "cpu" else "")
-            print(f"torchrun: {self.nproc} ranks on {self.cards.describe()}{sharing}", flush=True)
+            nodes = f" ({self.nnodes} nodes × {per_node}, one torchrun agent each)" if self.nnodes > 1 else ""
+            print(f"torchrun: {self.nproc} ranks{nodes} on {self.cards.describe()}{sharing}", flush=True)
 
     def start(self) -> None:
-        """Start torchrun (through agent.py) in a process group of its own."""
+        """Start each torchrun agent (through agent.py) in a process group of its own. They all
+        watch the read end of one pipe: the kernel's death stops every one of them."""
         agent_end, self.kernel_end = os.pipe()  # both ends non-inheritable: no other child gets ours
         try:
-            self.proc = subprocess.Popen(
-                self.command, env={**self.env, WATCH_FD_ENV: str(agent_end)}, pass_fds=(agent_end,),
-                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                start_new_session=True,  # a process group of its own: we can signal all of it
-            )
+            for node, command in enumerate(self.commands):
+                proc = subprocess.Popen(
+                    command, env={**self.env, **_node_gpus(self.cards, node, self.nproc // self.nnodes),
+                                  WATCH_FD_ENV: str(agent_end)}, pass_fds=(agent_end,),
+                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                    start_new_session=True,  # a process group of its own: we can signal all of it
+                )
+                self.procs.append(proc)
+                reader = threading.Thread(target=self._read_torchrun, args=(proc, node), daemon=True)
+                reader.start()
+                self.readers.append(reader)
         finally:
             os.close(agent_end)
-        self.reader = threading.Thread(target=self._read_torchrun, daemon=True)
-        self.reader.start()
 
-    def _read_torchrun(self) -> None:
+    def _read_torchrun(self, proc: subprocess.Popen[bytes], node: int) -> None:
         """torchrun's own messages: kept for diagnosis, not shown (they are not the lesson)."""
-        assert self.proc and self.proc.stdout
-        for raw in self.proc.stdout:
-            self.torchrun_output.append(raw.decode("utf-8", "replace"))
+        assert proc.stdout
+        prefix = f"[node{node}] " if self.nnodes > 1 else ""
+        for raw in proc.stdout:
+            self.torchrun_output.append(prefix + raw.decode("utf-8", "replace"))
+
+    def returncode(self) -> int | None:
+        """The agents' exit status: the first non-zero one, 0 when all succeeded, None while one runs."""
+        codes = [proc.poll() for proc in self.procs]
+        return next((code for code in codes if code), None if None in codes else 0)
 
     def wait(self, timeout: float) -> str:
-        """Forward the ranks' output until the launch is over: "finished" (torchrun exited),
-        "failed" (a rank raised and its partners had FAIL_FAST_SECONDS to end, since they may
-        sit in a collective forever) or "timed out"."""
-        assert self.proc is not None
+        """Forward the ranks' output until the launch is over: "finished" (every agent exited),
+        "failed" (a rank raised, or an agent failed, and the partners had FAIL_FAST_SECONDS to
+        end, since they may sit in a collective forever) or "timed out"."""
         first_error: float | None = None
-        while self.proc.poll() is None:
+        while any(proc.poll() is None for proc in self.procs):
             self.pump()
             now = time.monotonic()
             if now - self.started > timeout:
                 return "timed out"
-            if first_error is None and self.run.ranks(ERROR):
+            if first_error is None and ((self.run.ranks(ERROR) and not self.max_restarts) or self.returncode()):
                 first_error = now
             if first_error is not None and now - first_error > FAIL_FAST_SECONDS:
                 return "failed"
@@ -261,18 +312,20 @@ class _Launch:
         return pids
 
     def stop(self) -> None:
-        """Stop torchrun and every rank: SIGTERM first (torchrun passes it on), then SIGKILL."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
+        """Stop every agent and rank: SIGTERM first (torchrun passes it on), then SIGKILL."""
+        running = [proc for proc in self.procs if proc.poll() is None]
+        for proc in running:
             try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-                self.proc.wait(GRACE_SECONDS)
+                os.killpg(proc.pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
+        deadline = time.monotonic() + GRACE_SECONDS
+        for proc in running:
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
         for pid in self._worker_pids():  # ranks live in sessions of their own
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -281,16 +334,15 @@ class _Launch:
         deadline = time.monotonic() + GRACE_SECONDS
         while self._worker_pids() and time.monotonic() < deadline:
             time.sleep(0.02)
-        if self.reader:
-            self.reader.join(timeout=1)
+        for reader in self.readers:
+            reader.join(timeout=1)
 
     def explain(self, how: str, timeout: float) -> LaunchResult:
         """The result of a launch that is over, or the LaunchError that explains its failure."""
         __tracebackhide__ = True  # noqa: F841
         self.pump(final=True)
         log = "".join(self.lines)
-        assert self.proc is not None
-        ending = Ending(self.proc.returncode if how == "finished" else None, "".join(self.torchrun_output),
+        ending = Ending(self.returncode() if how == "finished" else None, "".join(self.torchrun_output),
                         timeout if how == "timed out" else None)
         error = diagnose(self.run, self.nproc, log, ending, simulated=self.cards.kind == "cpu")
         if error is not None:
@@ -316,8 +368,16 @@ class _Launch:
 
 def torchrun(script: str | Path, nproc: int = 4, args: Iterable[str] = (), timeout: float = 600,
              env: Mapping[str, str] | None = None, echo: bool = True, label: str | None = None,
-             doctor: bool = True) -> LaunchResult:
+             doctor: bool = True, nnodes: int = 1, max_restarts: int = 0) -> LaunchResult:
     """Run `script` on `nproc` ranks with torchrun and return what the ranks reported.
+
+    `nnodes` > 1 starts that many torchrun agents on this machine, `nproc` ranks each, as
+    `torchrun --nnodes=N --nproc-per-node=nproc` does on each machine of a cluster: one world
+    of nnodes × nproc ranks, whose results and output are keyed by global rank.
+
+    `max_restarts` > 0: when a rank fails, torchrun restarts every rank, up to that many times
+    (`torchrun --max-restarts`); the script must resume from its own checkpoint. The output
+    shows every attempt; a report made again by a later attempt replaces the earlier value.
 
     `script` is a path to a .py file, or the source of one. Each rank's output is printed
     live, prefixed with its rank. Raises LaunchError (naming the first failing rank, with
@@ -330,7 +390,10 @@ def torchrun(script: str | Path, nproc: int = 4, args: Iterable[str] = (), timeo
     if not timeout > 0:  # also refuses NaN
         raise LaunchError(f"timeout must be a positive number of seconds, not {timeout!r}: it is how long "
                           "the ranks may run before they are all stopped.")
-    launch = _Launch(detect(nproc), echo, doctor)
+    if nnodes < 1:
+        raise LaunchError(f"nnodes must be at least 1, not {nnodes!r}: it is how many torchrun agents "
+                          "(machines of a cluster) to start on this one.")
+    launch = _Launch(detect(nproc * nnodes), echo, doctor, nnodes, max_restarts)
     try:
         launch.prepare(script, args, env, label)
         launch.start()
@@ -340,7 +403,7 @@ def torchrun(script: str | Path, nproc: int = 4, args: Iterable[str] = (), timeo
             launch.stop()  # the one place a launch ends: finished, failed, timed out or interrupted
         return launch.explain(how, timeout)
     except KeyboardInterrupt:
-        print(f"torchrun: interrupted; all {nproc} ranks stopped", file=sys.stderr, flush=True)
+        print(f"torchrun: interrupted; all {nproc * nnodes} ranks stopped", file=sys.stderr, flush=True)
         raise
     finally:
         launch.cleanup()

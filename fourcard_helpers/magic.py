@@ -42,7 +42,9 @@ class TorchrunMagics(Magics):
     """Holds the `%%torchrun` magic."""
 
     @magic_arguments()
-    @argument("-n", "--nproc", type=int, default=4, help="ranks to start (default 4)")
+    @argument("-n", "--nproc", type=int, default=4, help="ranks to start (per node; default 4)")
+    @argument("--nnodes", type=int, default=1, help="torchrun agents to start on this machine, one per node")
+    @argument("--max-restarts", type=int, default=0, help="times torchrun restarts every rank after a failure")
     @argument("--timeout", type=float, default=600, help="seconds before every rank is stopped")
     @argument("--save", default=None, help="also write the script to this file and run it from there")
     @argument("--result", default=None, help="store the LaunchResult under this name")
@@ -61,7 +63,8 @@ class TorchrunMagics(Magics):
             path.write_text(cell, encoding="utf-8")
             script = path
         result = torchrun(script, nproc=options.nproc, args=script_args, timeout=options.timeout,
-                          doctor=not options.no_doctor)
+                          doctor=not options.no_doctor, nnodes=options.nnodes,
+                          max_restarts=options.max_restarts)
         if options.result:
             self.shell.user_ns[options.result] = result
         return result

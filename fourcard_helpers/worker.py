@@ -179,6 +179,8 @@ def main(argv: list[str]) -> None:
     if run is not None:
         _redirect_output(run, rank)
         run.write(PID, rank, str(os.getpid()))
+        for kind in (ERROR, DONE):  # an elastic restart's earlier attempt ended; this one starts clean
+            run.file(kind, rank).unlink(missing_ok=True)
         # A crash in native code (a C++ abort in gloo, a segfault) skips every except clause;
         # faulthandler still writes the Python stack at that moment, and the file's time tells
         # the launcher which rank went down first.

@@ -35,6 +35,12 @@ def test_magic_runs_the_cell_saves_it_and_stores_the_result(shell: InteractiveSh
     assert (tmp_path / "scripts" / "job.py").read_text() == CELL  # runnable later from a terminal
 
 
+def test_nnodes_starts_one_agent_per_node(shell: InteractiveShell) -> None:
+    cell = CELL.replace("args=sys.argv[1:]", "node=int(__import__('os').environ['GROUP_RANK'])")
+    result = shell.run_cell_magic("torchrun", "-n 1 --nnodes 2 --timeout 120", cell)
+    assert result.values("rank") == [0, 1] and result.values("node") == [0, 1]
+
+
 def test_failed_launch_shows_the_ranks_error_without_kernel_frames(shell: InteractiveShell,
                                                                      capsys: pytest.CaptureFixture[str]) -> None:
     outcome = shell.run_cell("%%torchrun -n 2 --timeout 120\nimport os\nif os.environ['RANK'] == '1':\n    1 / 0\n")

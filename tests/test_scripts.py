@@ -1,16 +1,18 @@
 """Every script a lesson saves runs unchanged with plain `torchrun`, as the lessons promise.
 
 The notebook's `%%torchrun` adds live output and results, nothing a script depends on: here
-each shipped script runs under a bare `python -m torch.distributed.run --standalone`, with no
-arguments, from the notebooks folder (where the kernel runs it), on simulated cards. A script
-whose cell is a staged failure (tagged `raises-exception`) must fail here too, by itself and
-within its cell's timeout.
+each shipped script runs under a bare `python -m torch.distributed.run --standalone` (for a cell
+that says `--nnodes N`: N bare agents at one rendezvous, as on N machines), with no arguments,
+from the notebooks folder (where the kernel runs it), on simulated cards. A script whose cell is
+a staged failure (tagged `raises-exception`) must fail here too, by itself and within its cell's
+timeout.
 """
 from __future__ import annotations
 
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -22,8 +24,9 @@ from test_notebooks import NOTEBOOKS, cells, source
 NOTEBOOK_DIR = NOTEBOOKS[0].parent
 
 
-def shipped_launches() -> list[tuple[str, int, float, bool]]:
-    """(script path relative to notebooks/, ranks, timeout, expected to fail) of every saved launch."""
+def shipped_launches() -> list[tuple[str, int, int, float, bool]]:
+    """(script path relative to notebooks/, ranks per node, nodes, timeout, expected to fail) of every
+    saved launch."""
     found = []
     for path in NOTEBOOKS:
         for cell in cells(path):
@@ -35,36 +38,51 @@ def shipped_launches() -> list[tuple[str, int, float, bool]]:
             if not saved:
                 continue
             nproc = re.search(r"(?:-n|--nproc)\s+(\d+)", line)
+            nnodes = re.search(r"--nnodes\s+(\d+)", line)
             timeout = re.search(r"--timeout\s+([\d.]+)", line)
             fails = "raises-exception" in cell["metadata"].get("tags", [])
-            found.append((saved.group(1), int(nproc.group(1)) if nproc else 4,
+            found.append((saved.group(1), int(nproc.group(1)) if nproc else 4, int(nnodes.group(1)) if nnodes else 1,
                           float(timeout.group(1)) if timeout else 300.0, fails))
     return found
 
 
-@pytest.mark.parametrize("script, nproc, timeout, fails", shipped_launches(), ids=lambda v: str(v))
-def test_script_runs_with_plain_torchrun(script: str, nproc: int, timeout: float, fails: bool) -> None:
+def plain_torchrun(nproc: int, nnodes: int) -> list[list[str]]:
+    """The command line of each torchrun agent: one `--standalone` agent, or (a cell's `--nnodes N`)
+    N agents joined at one c10d rendezvous endpoint on 127.0.0.1, as on N machines of a cluster."""
+    if nnodes == 1:
+        return [["--standalone", f"--nproc-per-node={nproc}"]]
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return [[f"--nnodes={nnodes}", f"--nproc-per-node={nproc}", "--rdzv-backend=c10d",
+             f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=plain"] for _ in range(nnodes)]
+
+
+@pytest.mark.parametrize("script, nproc, nnodes, timeout, fails", shipped_launches(), ids=lambda v: str(v))
+def test_script_runs_with_plain_torchrun(script: str, nproc: int, nnodes: int, timeout: float, fails: bool) -> None:
     env = {**os.environ, "FOURCARD_DEVICE": "cpu", "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
            "PYTHONUNBUFFERED": "1"}
     env.pop("FOURCARD_RUN_DIR", None)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", script],
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", *agent, script],
         cwd=NOTEBOOK_DIR, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         start_new_session=True,
-    )
+    ) for agent in plain_torchrun(nproc, nnodes)]
+    outputs = []
     try:
-        output, _ = proc.communicate(timeout=timeout + 60)  # the script's own timeout, with a margin
+        for proc in procs:  # the script's own timeout, with a margin, for the launch as a whole
+            outputs.append(proc.communicate(timeout=timeout + 60)[0].decode("utf-8", "replace"))
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        pytest.fail(f"{script} did not end within {timeout + 60:g} s:\n{output.decode()[-3000:]}")
+        pytest.fail(f"{script} did not end within {timeout + 60:g} s:\n{''.join(outputs)[-3000:]}")
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # nothing of the run may outlive the test
-        except ProcessLookupError:
-            pass
-    text = output.decode("utf-8", "replace")
+        for proc in procs:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # nothing of the run may outlive the test
+            except ProcessLookupError:
+                pass
+    text = "".join(outputs)
+    codes = [proc.returncode for proc in procs]
     if fails:
-        assert proc.returncode != 0, f"{script} is a staged failure but succeeded:\n{text[-3000:]}"
+        assert any(codes), f"{script} is a staged failure but succeeded:\n{text[-3000:]}"
     else:
-        assert proc.returncode == 0, f"{script} failed under plain torchrun:\n{text[-3000:]}"
+        assert codes == [0] * nnodes, f"{script} failed under plain torchrun:\n{text[-3000:]}"
