@@ -42,7 +42,7 @@ def test_count_bytes_counts_messages_and_their_size_not_barriers(one_rank_group)
         dist.broadcast(torch.ones(10, dtype=torch.float64), 0)  # 80 bytes
         dist.barrier()                                         # not a message
     assert (counter.bytes, counter.calls) == (4080, 2)
-    counter.reset()
+    assert counter.reset() == (4080, 2)  # reset hands back what it counted: the lesson's warm-up steps
     assert (counter.bytes, counter.calls) == (0, 0)
     dist.all_reduce(torch.ones(5))  # outside the `with`: not seen
     assert counter.calls == 0

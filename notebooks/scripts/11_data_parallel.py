@@ -3,7 +3,7 @@ from contextlib import nullcontext
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
-from comm_meter import CountBytes, accuracy, model_state_bytes, peak_memory
+from comm_meter import CountBytes, accuracy, clock, model_state_bytes, peak_memory
 from fourcard_helpers import detect, load_mnist, report
 from fourcard_helpers.models import MnistCNN
 
@@ -31,25 +31,25 @@ for strategy in ("single card", "DDP", "DDP, no_sync ×2", "FSDP2"):
                 fully_shard(layer)
             fully_shard(model)
         optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
-        sampler = DistributedSampler(train_set, n, rank, shuffle=True, seed=0)
+        sampler = DistributedSampler(train_set, n, rank, shuffle=True, seed=0)  # this card's share of each batch
         loader = DataLoader(train_set, GLOBAL_BATCH // n // micro, sampler=sampler, drop_last=True)
         if cards.kind == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        counter = CountBytes()
+        counter, fed = CountBytes(), 0                  # fed: digits this card trained on
         with counter:
             for i, (x, y) in enumerate(itertools.islice(loader, (STEPS + 2) * micro)):
                 if i == 2 * micro:                      # steps 0 and 1 warm up: not timed, not counted
-                    counter.reset()
-                    started = time.perf_counter()
+                    warm, started = counter.reset(), clock(device)
                 last = i % micro == micro - 1
                 quiet = model.no_sync() if micro > 1 and not last else nullcontext()
                 with quiet:                             # no_sync: keep the gradient, skip the all-reduce
                     (F.cross_entropy(model(x.to(device)), y.to(device)) / micro).backward()
+                fed += len(x)
                 if last:
                     optimizer.step()
                     optimizer.zero_grad()
-        seconds = time.perf_counter() - started
-        result = dict(cards=n, samples=(STEPS + 2) * GLOBAL_BATCH, samples_per_s=STEPS * GLOBAL_BATCH / seconds,
+        seconds = clock(device) - started
+        result = dict(cards=n, samples=fed, samples_per_s=STEPS * GLOBAL_BATCH / seconds, warmup=warm,
                       bytes_per_step=counter.bytes / STEPS, messages_per_step=counter.calls / STEPS,
                       state_bytes=model_state_bytes(list(model.parameters()), optimizer),
                       peak_memory=peak_memory(device), accuracy=accuracy(model, test_set, device))

@@ -1,7 +1,7 @@
 import argparse, itertools, os, time, torch, torch.distributed as dist, torch.nn.functional as F
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 from torch.utils.data import DataLoader, DistributedSampler
-from comm_meter import CountBytes, accuracy, model_state_bytes, peak_memory
+from comm_meter import CountBytes, accuracy, clock, model_state_bytes, peak_memory
 from fourcard_helpers import detect, load_mnist, report
 from fourcard_helpers.models import MnistCNN
 
@@ -27,27 +27,27 @@ optimizer = torch.optim.AdamW(part.parameters(), lr=LR)
 loader = DataLoader(train_set, GLOBAL_BATCH, sampler=DistributedSampler(train_set, 1, 0, seed=0), drop_last=True)
 if cards.kind == "cuda":
     torch.cuda.reset_peak_memory_stats(device)
-counter = CountBytes()
+counter, fed = CountBytes(), 0                        # fed: digits this card fed into the pipeline
 with counter:
     for step, (x, y) in enumerate(itertools.islice(loader, STEPS + 2)):
         if step == 2:                                 # steps 0 and 1 warm up: not timed, not counted
-            counter.reset()
-            started = time.perf_counter()
+            warm, started = counter.reset(), clock(device)
         if rank == 0:
             schedule.step(x.to(device))
+            fed += len(x)
         elif rank == world - 1:
             schedule.step(target=y.to(device))
         else:
             schedule.step()
         optimizer.step()
         optimizer.zero_grad()
-seconds = time.perf_counter() - started
+seconds = clock(device) - started
 state = model_state_bytes(list(part.parameters()), optimizer)
 # Reassemble the trained model on every card (each stage broadcasts its layers) to test it.
 for owner in range(world):
     for p in layers[CUTS[owner]:CUTS[owner + 1]].parameters():
         dist.broadcast(p.data, src=owner)
-result = dict(cards=world, samples=(STEPS + 2) * GLOBAL_BATCH, samples_per_s=STEPS * GLOBAL_BATCH / seconds,
+result = dict(cards=world, samples=fed, samples_per_s=STEPS * GLOBAL_BATCH / seconds, warmup=warm,
               bytes_per_step=counter.bytes / STEPS, messages_per_step=counter.calls / STEPS,
               state_bytes=state, peak_memory=peak_memory(device), accuracy=accuracy(layers, test_set, device))
 report(**{"pipeline 1F1B": result})

@@ -3,7 +3,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.utils.data import DataLoader, DistributedSampler
-from comm_meter import CountBytes, accuracy, model_state_bytes, peak_memory
+from comm_meter import CountBytes, accuracy, clock, model_state_bytes, peak_memory
 from fourcard_helpers import detect, load_mnist, report
 from fourcard_helpers.models import MnistCNN
 
@@ -23,23 +23,23 @@ for strategy, shape in (("tensor parallel", (1, world)), ("2×2: data × tensor"
     dp, dp_rank = mesh["dp"].get_group(), mesh["dp"].get_local_rank()
     torch.manual_seed(0)
     model = MnistCNN().to(device)                   # fc1 split by columns, fc2 by rows (lesson 08);
-    # fc1's 50 outputs do not split evenly over 4 cards (13, 13, 12, 12): keep its output a DTensor,
-    # which knows the true global shape, rather than a plain local tensor fc2 would have to guess from.
+    # fc1's 50 outputs do not split evenly over 4 cards (torch.chunk: 13, 13, 13, 11): keep its output
+    # a DTensor, which knows the true global shape, rather than a plain local tensor fc2 would guess from.
     plan = {"fc1": ColwiseParallel(use_local_output=False), "fc2": RowwiseParallel()}
     parallelize_module(model, mesh["tp"], plan)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)  # the convolutions are replicated
     # A tensor-parallel group shares one batch; with 2 groups, each gets half of every batch.
-    sampler = DistributedSampler(train_set, shape[0], dp_rank, shuffle=True, seed=0)
+    sampler, first_of_group = DistributedSampler(train_set, shape[0], dp_rank, seed=0), mesh["tp"].get_local_rank() == 0
     loader = DataLoader(train_set, GLOBAL_BATCH // shape[0], sampler=sampler, drop_last=True)
     if cards.kind == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    counter = CountBytes()
+    counter, fed = CountBytes(), 0                  # fed: digits of its group's batches, counted on its first card
     with counter:
         for step, (x, y) in enumerate(itertools.islice(loader, STEPS + 2)):
             if step == 2:                               # steps 0 and 1 warm up: not timed, not counted
-                counter.reset()
-                started = time.perf_counter()
+                warm, started = counter.reset(), clock(device)
             F.cross_entropy(model(x.to(device)), y.to(device)).backward()
+            fed += len(x) if first_of_group else 0
             if shape[0] > 1:                        # data parallel across groups: average gradients
                 for p in model.parameters():
                     grad = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
@@ -47,11 +47,11 @@ for strategy, shape in (("tensor parallel", (1, world)), ("2×2: data × tensor"
                     grad /= shape[0]
             optimizer.step()
             optimizer.zero_grad()
-    seconds = time.perf_counter() - started
+    seconds = clock(device) - started
     state = model_state_bytes(list(model.parameters()), optimizer)
     full = MnistCNN().to(device)                    # gather the shards into a plain model to test it
     full.load_state_dict({k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in model.state_dict().items()})
-    result = dict(cards=world, samples=(STEPS + 2) * GLOBAL_BATCH, samples_per_s=STEPS * GLOBAL_BATCH / seconds,
+    result = dict(cards=world, samples=fed, samples_per_s=STEPS * GLOBAL_BATCH / seconds, warmup=warm,
                   bytes_per_step=counter.bytes / STEPS, messages_per_step=counter.calls / STEPS,
                   state_bytes=state, peak_memory=peak_memory(device), accuracy=accuracy(full, test_set, device))
     report(**{strategy: result})
