@@ -1,21 +1,29 @@
 """Do gloo ranks come back after an elastic restart, with and without their own rendezvous store?
 
-    python benchmarks/restart_store.py [--repeats 4] [--timeout 120]
+    python benchmarks/restart_store.py [--repeats 4] [--timeout 150] [--out notebooks/measured/12_restart_store.json]
 
 Launches a 2-rank script under `--max-restarts=1` whose rank 1 SIGKILLs itself on the first
 attempt, alternating TORCH_DISABLE_SHARE_RDZV_TCP_STORE=0 (torchrun's default: the ranks of every
 attempt share one store that the agent keeps) and =1 (what the launcher sets for restarts, see
-launch.py), and prints how each launch ended: restarted and finished, failed, or still stuck in
-init_process_group at --timeout (pytorch/pytorch#135712). Its outcomes vary from run to run,
-which is why this is a measurement and not a test.
+launch.py), and records how each launch ended: restarted and finished; failed to connect (an
+error that names a connection, such as a restarted rank dialling the dead attempt's address);
+failed otherwise; or not finished when --timeout ran out (this cannot tell where the launch was
+waiting, only that it had not ended). Lesson 12 prints the counts from --out. Outcomes vary from
+run to run, which is why this is a measurement and not a test.
 """
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import platform
 import tempfile
 import time
 from collections import Counter
+from datetime import date
 from pathlib import Path
+
+import torch
 
 from fourcard_helpers.launch import LaunchError, RESTART_ENV, torchrun
 
@@ -32,12 +40,22 @@ dist.barrier()
 report(attempt=attempt)
 dist.destroy_process_group()
 """
+OUT = Path(__file__).resolve().parent.parent / "notebooks" / "measured" / "12_restart_store.json"
+
+
+def outcome(error: LaunchError) -> str:
+    """How a launch that raised ended, from the launcher's message."""
+    text = str(error)
+    if "timeout" in text.split(";")[0]:
+        return "not finished at the timeout"
+    return "failed to connect" if "connect" in text.lower() else "failed otherwise"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.partition("\n")[0])
     parser.add_argument("--repeats", type=int, default=4)
-    parser.add_argument("--timeout", type=float, default=120)
+    parser.add_argument("--timeout", type=float, default=150)
+    parser.add_argument("--out", type=Path, default=OUT, help="where to write the counts (JSON)")
     args = parser.parse_args()
     script = Path(tempfile.mkdtemp()) / "restart.py"
     script.write_text(SCRIPT)
@@ -50,11 +68,21 @@ def main() -> None:
                                   env={RESTART_ENV: value})
                 how = "restarted and finished" if result.values("attempt") == [1, 1] else "finished without a restart"
             except LaunchError as error:
-                how = "stuck past the timeout" if "timeout" in str(error).split(";")[0] else "failed"
+                how = outcome(error)
             outcomes[value][how] += 1
             print(f"{RESTART_ENV}={value}: {how} ({time.monotonic() - started:.1f} s)", flush=True)
     for value, counts in outcomes.items():
         print(f"{RESTART_ENV}={value}: " + ", ".join(f"{n} {how}" for how, n in sorted(counts.items())))
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({
+        "conditions": (f"{date.today()}, {platform.machine()} CPU, {os.cpu_count()} cores, torch {torch.__version__}, "
+                       f"gloo, 2 ranks on one torchrun agent, --max-restarts=1, rank 1 SIGKILLed once on the first "
+                       f"attempt, timeout {args.timeout:g} s per launch, load average {load:.1f} at the end"),
+        "launches_per_setting": args.repeats,
+        "outcomes": {f"{RESTART_ENV}={value}": dict(sorted(counts.items())) for value, counts in outcomes.items()},
+    }, indent=1) + "\n")
+    print(f"written to {args.out.name}")
 
 
 if __name__ == "__main__":

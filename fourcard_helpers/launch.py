@@ -49,8 +49,9 @@ __all__ = ["torchrun", "LaunchResult", "LaunchError", "leftover_processes", "ran
 
 LAUNCHER_ENV = "FOURCARD_LAUNCHER_PID"
 # torchrun's agent shares its rendezvous TCP store with the ranks; after an elastic restart,
-# gloo ranks were seen to hang in init_process_group on it (pytorch/pytorch#135712). With this
-# set, each round of the rendezvous gives the ranks a store of their own.
+# gloo launches here did not all come back with it (benchmarks/restart_store.py; for NCCL see
+# pytorch/pytorch#135712). With this set, each round of the rendezvous gives the ranks a store
+# of their own.
 RESTART_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 POLL_SECONDS = 0.05  # how often rank output is forwarded; small against a 5 s launch
 GRACE_SECONDS = 3.0  # how long torchrun gets to stop its ranks before we kill them
@@ -215,7 +216,8 @@ class _Launch:
         """The script file, the ranks' environment and each agent's torchrun command line.
 
         One node hosts the rendezvous store (the first agent; on a cluster, the node named in
-        --rdzv-endpoint); the c10d rendezvous numbers the nodes (GROUP_RANK) as they join."""
+        --rdzv-endpoint); the c10d rendezvous numbers the nodes (GROUP_RANK) in the sorted order of
+        their (host address, agent pid), not in the order they join (dynamic_rendezvous.py)."""
         path, default_label = _script_file(script, self.run.path)
         restarts = {RESTART_ENV: "1"} if self.max_restarts else {}
         self.env = rank_environment(self.cards, self.run.path, label or default_label,

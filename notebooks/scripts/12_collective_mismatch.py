@@ -16,6 +16,6 @@ device = cards.device(int(os.environ["LOCAL_RANK"]))
 if cards.kind == "cuda":
     torch.cuda.set_device(device)
 dist.all_reduce(torch.ones(4, device=device))  # every rank agrees: fine
-last_batch = 3 if rank == 3 else 4  # as when one rank's last batch is smaller
+last_batch = 3 if rank == 3 else 4  # as when rank 3 holds fewer samples of an unpadded split
 dist.all_reduce(torch.ones(last_batch, device=device))  # DETAIL compares every rank's call before running it
 dist.destroy_process_group()

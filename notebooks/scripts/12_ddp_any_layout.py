@@ -20,6 +20,7 @@ device = cards.device(where["LOCAL_RANK"])
 if cards.kind == "cuda":
     torch.cuda.set_device(device)
     torch.backends.cudnn.allow_tf32 = False  # full float32, so that layouts can be compared
+    torch.backends.cudnn.deterministic = True  # the same convolution algorithms, run after run
 # The rest is the DDP recipe of lesson 05, unchanged: nothing in it knows about nodes.
 train_set = Subset(load_mnist("train"), range(1024))
 sampler = DistributedSampler(train_set, shuffle=True, seed=0)
@@ -33,5 +34,6 @@ for images, labels in loader:
     optimizer.step()
 weights = torch.cat([p.detach().flatten() for p in model.module.parameters()]).cpu().numpy().tobytes()
 report(**where, host=socket.gethostname(), agent_pid=os.getppid(), steps=len(loader),
-       weights_sha256=hashlib.sha256(weights).hexdigest())
+       weights_sha256=hashlib.sha256(weights).hexdigest(),
+       TORCH_NCCL_ASYNC_ERROR_HANDLING=os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING"))  # section 5
 dist.destroy_process_group()

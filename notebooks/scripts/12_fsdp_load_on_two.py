@@ -37,9 +37,11 @@ fully_shard(model)
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 before = weights_sha256(model)
 model_state, optimizer_state = get_state_dict(model, optimizer)  # the shapes THIS layout wants
+steps_before_load = float(optimizer.state_dict()["state"][0]["step"])  # get_state_dict made Adam's state
 state = {"model": model_state, "optimizer": optimizer_state}
 dcp.load(state, checkpoint_id=args.checkpoint_dir)  # each rank reads the pieces of its own shards
 set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 report(rows={name: list(p.to_local().shape) for name, p in model.named_parameters()},
-       before_sha256=before, weights_sha256=weights_sha256(model), adam_steps=optimizer.state_dict()["state"][0]["step"])
+       before_sha256=before, weights_sha256=weights_sha256(model), adam_steps=float(optimizer.state_dict()["state"][0]["step"]),
+       steps_before_load=steps_before_load)
 dist.destroy_process_group()

@@ -1,4 +1,4 @@
-"""A small model and MNIST data for scripts/train_any.py, and the same data with a power cut:
+"""A small model and MNIST data for scripts/train_any.py, and the same data with a crash:
 rank 1 is killed with SIGKILL in the middle of the second epoch, on the first attempt only."""
 import os
 import signal
@@ -17,10 +17,10 @@ def build_datasets():
     return Subset(load_mnist("train"), range(512)), Subset(load_mnist("test"), range(128))
 
 
-class PowerCut(Dataset):
+class KillOnce(Dataset):
     """`data`, except that rank 1 dies when it fetches its `at`-th item. SIGKILL cannot be caught:
-    no except clause, no atexit handler runs, as when the out-of-memory killer strikes or a
-    machine loses power. torchrun numbers its attempts in TORCHELASTIC_RESTART_COUNT (0 first)."""
+    no except clause, no atexit handler runs, as when the out-of-memory killer strikes.
+    torchrun numbers its attempts in TORCHELASTIC_RESTART_COUNT (0 first): only attempt 0 dies."""
 
     def __init__(self, data, at):
         self.data, self.at, self.fetched = data, at, 0
@@ -32,12 +32,18 @@ class PowerCut(Dataset):
         self.fetched += 1
         if self.fetched == self.at and os.environ.get("RANK") == "1" \
                 and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
-            print(f"rank 1: power cut at item {self.at} it fetched (SIGKILL)", flush=True)
+            print(f"rank 1: killed at item {self.at} it fetched (SIGKILL)", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
         return self.data[index]
 
 
+def kill_point(train_size, world):
+    """The item rank 1 dies at: train_any looks at item 0 once, then each epoch every rank fetches
+    train_size // world items (DistributedSampler); half of the second epoch after that."""
+    per_epoch = train_size // world
+    return 1 + per_epoch + per_epoch // 2
+
+
 def build_datasets_cut_once():
     train, test = build_datasets()
-    # item 1: train_any looks at data[0]; then 256 items per epoch on each of 2 ranks: die mid-epoch 2
-    return PowerCut(train, at=1 + 256 + 128), test
+    return KillOnce(train, at=kill_point(len(train), int(os.environ["WORLD_SIZE"]))), test
