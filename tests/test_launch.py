@@ -189,13 +189,14 @@ except KeyboardInterrupt:
 """
 
 
-def start_kernel_like_launch(tmp_path: Path) -> subprocess.Popen[str]:
-    """A Python process standing in for the notebook kernel, launching 4 ranks that sleep."""
+def start_kernel_like_launch(tmp_path: Path, kernel_code: str = KERNEL) -> subprocess.Popen[str]:
+    """A Python process standing in for the notebook kernel (running `kernel_code`), launching 4
+    ranks that sleep; returns once all four have said they are ready."""
     path = script(tmp_path, """
         print("ready", flush=True)
         time.sleep(600)
     """)
-    kernel = subprocess.Popen([sys.executable, "-c", KERNEL, str(path)], stdout=subprocess.PIPE,
+    kernel = subprocess.Popen([sys.executable, "-c", kernel_code, str(path)], stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)
     assert kernel.stdout is not None
     ready = 0

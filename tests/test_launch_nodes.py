@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-
 from pathlib import Path
 
 import pytest
 
 from fourcard_helpers.launch import LaunchError, leftover_processes, torchrun
-from test_launch import assert_nothing_left, script
+from test_launch import assert_nothing_left, script, start_kernel_like_launch
 
 
 def test_two_agents_form_one_world(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -90,19 +87,7 @@ torchrun(sys.argv[1], nproc=2, nnodes=2, timeout=300)
 
 @pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL], ids=["interrupt", "killed kernel"])
 def test_interrupted_or_killed_kernel_leaves_no_agent_and_no_rank(tmp_path: Path, how: signal.Signals) -> None:
-    path = script(tmp_path, """
-        print("ready", flush=True)
-        time.sleep(600)
-    """)
-    kernel = subprocess.Popen([sys.executable, "-c", KERNEL, str(path)], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
-    assert kernel.stdout is not None
-    ready = 0
-    for line in kernel.stdout:
-        ready += line.endswith("] ready\n")
-        if ready == 4:
-            break
-    assert ready == 4, "the ranks never started"
+    kernel = start_kernel_like_launch(tmp_path, KERNEL)
     assert len(leftover_processes(kernel.pid)) >= 6  # two agents and four ranks
     os.kill(kernel.pid, how)
     rest = kernel.communicate(timeout=120)[0]
