@@ -1,5 +1,6 @@
 import argparse, itertools, os, time, torch, torch.distributed as dist, torch.nn.functional as F
 from contextlib import nullcontext
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
@@ -16,6 +17,7 @@ rank, world = dist.get_rank(), dist.get_world_size()
 device = cards.device(int(os.environ["LOCAL_RANK"]))
 if cards.kind == "cuda":
     torch.cuda.set_device(device)
+mesh = init_device_mesh(cards.kind, (world,))  # FSDP2's cards; by default it takes CUDA if a GPU is seen
 train_set, test_set = load_mnist("train"), load_mnist("test")
 
 for strategy in ("single card", "DDP", "DDP, no_sync ×2", "FSDP2"):
@@ -28,8 +30,8 @@ for strategy in ("single card", "DDP", "DDP, no_sync ×2", "FSDP2"):
             model = DDP(model, device_ids=[device.index] if cards.kind == "cuda" else None)
         elif strategy == "FSDP2":
             for layer in model.children():              # each layer a unit: gathered, used, freed
-                fully_shard(layer)
-            fully_shard(model)
+                fully_shard(layer, mesh=mesh)
+            fully_shard(model, mesh=mesh)
         optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
         sampler = DistributedSampler(train_set, n, rank, shuffle=True, seed=0)  # this card's share of each batch
         loader = DataLoader(train_set, GLOBAL_BATCH // n // micro, sampler=sampler, drop_last=True)

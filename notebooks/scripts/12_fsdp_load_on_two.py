@@ -9,6 +9,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
                                                      set_state_dict)
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from fourcard_helpers import detect, report
@@ -31,9 +32,11 @@ def weights_sha256(model):
 
 torch.manual_seed(1)  # other initial weights than the run that saved: only the load can make them equal
 model = MnistCNN().to(device)
+# The mesh is named: by default FSDP2 takes CUDA whenever a GPU is visible, even for simulated cards.
+mesh = init_device_mesh(cards.kind, (dist.get_world_size(),))
 for layer in model.children():
-    fully_shard(layer)  # now split over two ranks, not four
-fully_shard(model)
+    fully_shard(layer, mesh=mesh)  # now split over two ranks, not four
+fully_shard(model, mesh=mesh)
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 before = weights_sha256(model)
 model_state, optimizer_state = get_state_dict(model, optimizer)  # the shapes THIS layout wants

@@ -10,6 +10,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from fourcard_helpers import detect, load_mnist, report
@@ -24,11 +25,12 @@ rank, world = dist.get_rank(), dist.get_world_size()
 device = cards.device(int(os.environ["LOCAL_RANK"]))
 if cards.kind == "cuda":
     torch.cuda.set_device(device)
+mesh = init_device_mesh(cards.kind, (world,))  # named: by default FSDP2 takes CUDA if a GPU is seen
 torch.manual_seed(0)
 model = MnistCNN().to(device)
 for layer in model.children():
-    fully_shard(layer)  # each layer's tensors split by rows over the ranks
-fully_shard(model)
+    fully_shard(layer, mesh=mesh)  # each layer's tensors split by rows over the ranks
+fully_shard(model, mesh=mesh)
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 X, Y = load_mnist("train").tensors
 for step in range(3):

@@ -38,6 +38,7 @@ import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict, set_state_dict
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
@@ -169,10 +170,12 @@ if args.strategy == "ddp":
 elif args.strategy == "fsdp":
     # FSDP2: each child with parameters becomes a unit that is gathered just before it runs and
     # freed after, then the root collects what is left. Each rank stores 1/world of every tensor.
+    # The mesh is named: by default FSDP2 takes CUDA whenever a GPU is visible, even on CPU ranks.
+    mesh = init_device_mesh(device.type, (world,))
     for child in model.children():
         if any(p.requires_grad for p in child.parameters()):
-            fully_shard(child)
-    fully_shard(model)
+            fully_shard(child, mesh=mesh)
+    fully_shard(model, mesh=mesh)
 if args.optimizer == "sgd":
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
 else:
