@@ -9,6 +9,7 @@ timeout.
 """
 from __future__ import annotations
 
+import ast
 import os
 import re
 import signal
@@ -86,3 +87,22 @@ def test_script_runs_with_plain_torchrun(script: str, nproc: int, nnodes: int, t
         assert any(codes), f"{script} is a staged failure but succeeded:\n{text[-3000:]}"
     else:
         assert codes == [0] * nnodes, f"{script} failed under plain torchrun:\n{text[-3000:]}"
+
+
+def fully_shard_calls_without_mesh(text: str) -> list[str]:
+    """The `fully_shard(...)` calls in `text` that do not pass `mesh=`."""
+    tree = ast.parse(text)
+    return [ast.unparse(node) for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "fully_shard"
+            and not any(keyword.arg == "mesh" for keyword in node.keywords)]
+
+
+def test_fully_shard_calls_name_their_mesh() -> None:
+    """Without `mesh=`, FSDP2 builds its default mesh on CUDA whenever a GPU is visible, and moves the
+    weights there, even when the launch runs simulated cards on gloo (the case of a one-GPU machine,
+    seen on one: 'target is on cpu, different from other tensors on cuda:0'). CI has no GPU, so the
+    rule is checked in the source of every shipped script."""
+    assert fully_shard_calls_without_mesh("fully_shard(model)\nfully_shard(layer, mesh=mesh)") == ["fully_shard(model)"]
+    offenders = {path.name: calls for path in sorted((NOTEBOOK_DIR / "scripts").glob("*.py"))
+                 if (calls := fully_shard_calls_without_mesh(path.read_text()))}
+    assert offenders == {}, f"fully_shard without mesh= in {offenders}"
