@@ -1,4 +1,4 @@
-"""Staged failure: an all-reduce called on rank 0 only. A short process-group timeout turns the hang into an error."""
+"""A stuck job: an all-reduce called on rank 0 only. A short process-group timeout turns the hang into an error."""
 import datetime
 import os
 
@@ -7,7 +7,7 @@ import torch.distributed as dist
 
 from fourcard_helpers import detect
 
-cards = detect(int(os.environ["WORLD_SIZE"]))
+cards = detect(int(os.environ["LOCAL_WORLD_SIZE"]))
 dist.init_process_group(cards.backend)  # default timeout: on a busy machine start-up alone can take a while
 rank, device = dist.get_rank(), cards.device(int(os.environ["LOCAL_RANK"]))
 if cards.kind == "cuda":
