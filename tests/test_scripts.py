@@ -98,10 +98,10 @@ def fully_shard_calls_without_mesh(text: str) -> list[str]:
 
 
 def test_fully_shard_calls_name_their_mesh() -> None:
-    """Without `mesh=`, FSDP2 builds its default mesh on CUDA whenever a GPU is visible, and moves the
-    weights there, even when the launch runs simulated cards on gloo (the case of a one-GPU machine,
-    seen on one: 'target is on cpu, different from other tensors on cuda:0'). CI has no GPU, so the
-    rule is checked in the source of every shipped script."""
+    """Without `mesh=`, FSDP2 builds its mesh on the accelerator torch was built for (CUDA in any CUDA
+    build) and moves the weights there, even when the launch runs simulated cards on gloo (seen on a
+    one-GPU machine: 'target is on cpu, different from other tensors on cuda:0'). CI installs the CPU
+    build, whose default mesh is on the CPU, so the rule is checked in the source of every shipped script."""
     assert fully_shard_calls_without_mesh("fully_shard(model)\nfully_shard(layer, mesh=mesh)") == ["fully_shard(model)"]
     offenders = {path.name: calls for path in sorted((NOTEBOOK_DIR / "scripts").glob("*.py"))
                  if (calls := fully_shard_calls_without_mesh(path.read_text()))}

@@ -17,7 +17,7 @@ rank, world = dist.get_rank(), dist.get_world_size()
 device = cards.device(int(os.environ["LOCAL_RANK"]))
 if cards.kind == "cuda":
     torch.cuda.set_device(device)
-mesh = init_device_mesh(cards.kind, (world,))  # FSDP2's cards; by default it takes CUDA if a GPU is seen
+mesh = init_device_mesh(cards.kind, (world,))  # FSDP2's cards: its default is CUDA in any CUDA build
 train_set, test_set = load_mnist("train"), load_mnist("test")
 
 for strategy in ("single card", "DDP", "DDP, no_sync ×2", "FSDP2"):

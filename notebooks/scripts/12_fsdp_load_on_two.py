@@ -32,7 +32,7 @@ def weights_sha256(model):
 
 torch.manual_seed(1)  # other initial weights than the run that saved: only the load can make them equal
 model = MnistCNN().to(device)
-# The mesh is named: by default FSDP2 takes CUDA whenever a GPU is visible, even for simulated cards.
+# The mesh is named: FSDP2's default is CUDA in any CUDA build of torch, even for simulated cards.
 mesh = init_device_mesh(cards.kind, (dist.get_world_size(),))
 for layer in model.children():
     fully_shard(layer, mesh=mesh)  # now split over two ranks, not four

@@ -25,7 +25,7 @@ rank, world = dist.get_rank(), dist.get_world_size()
 device = cards.device(int(os.environ["LOCAL_RANK"]))
 if cards.kind == "cuda":
     torch.cuda.set_device(device)
-mesh = init_device_mesh(cards.kind, (world,))  # named: by default FSDP2 takes CUDA if a GPU is seen
+mesh = init_device_mesh(cards.kind, (world,))  # named: FSDP2's default is CUDA in any CUDA build
 torch.manual_seed(0)
 model = MnistCNN().to(device)
 for layer in model.children():

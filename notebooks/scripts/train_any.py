@@ -170,7 +170,7 @@ if args.strategy == "ddp":
 elif args.strategy == "fsdp":
     # FSDP2: each child with parameters becomes a unit that is gathered just before it runs and
     # freed after, then the root collects what is left. Each rank stores 1/world of every tensor.
-    # The mesh is named: by default FSDP2 takes CUDA whenever a GPU is visible, even on CPU ranks.
+    # The mesh is named: FSDP2's default is CUDA in any CUDA build of torch, even for CPU ranks.
     mesh = init_device_mesh(device.type, (world,))
     for child in model.children():
         if any(p.requires_grad for p in child.parameters()):
