@@ -19,5 +19,5 @@ loss = torch.tensor([0.25 + rank], device=device)
 if rank == 0:  # "only rank 0 logs, so only rank 0 needs the mean loss"...
     dist.all_reduce(loss, group=quick)  # ...but an all-reduce needs all four ranks
     print(f"mean loss {loss.item() / 4:.3f}", flush=True)
-dist.barrier(group=quick)  # the other ranks meanwhile went on to the next collective
+dist.barrier()  # the other ranks went on to the next collective (in the job's group, default timeout)
 dist.destroy_process_group()
