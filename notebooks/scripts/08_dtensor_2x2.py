@@ -1,5 +1,5 @@
 """Four cards as a 2 × 2 grid: tensor parallel within each row, data parallel across the rows."""
-import copy, os, torch, torch.distributed as dist
+import copy, gc, os, torch, torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
@@ -40,4 +40,6 @@ for p in tp2.parameters():                         # data parallel: average each
 dense_grads = dict(dense.named_parameters())
 gap = max((p.grad.full_tensor() - dense_grads[name].grad).abs().max().item() for name, p in tp2.named_parameters())
 report(groups=groups, dp_bytes=dp_bytes, gap_2x2=gap)
+del tp2, p, loss, grid, dp_group  # all that holds the mesh's groups, so that they are freed
+gc.collect()  # in destroy_process_group() below, while Python runs: freed at interpreter exit, they can abort a rank
 dist.destroy_process_group()

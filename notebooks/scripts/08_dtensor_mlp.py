@@ -1,5 +1,5 @@
 """The same Megatron MLP with DTensor: parallelize_module with ColwiseParallel and RowwiseParallel."""
-import copy, os, torch, torch.distributed as dist
+import copy, gc, os, torch, torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
@@ -47,4 +47,6 @@ report(placements={name: str(p.placements) for name, p in tp.named_parameters()}
        grad_is_dtensor=all(isinstance(p.grad, DTensor) for p in tp.parameters()),
        local_numel=sum(p.to_local().numel() for p in tp.parameters()),
        dense_numel=sum(p.numel() for p in dense.parameters()))
+del tp, mesh, y, xt, counting  # all that holds the mesh's groups, so that they are freed
+gc.collect()  # in destroy_process_group() below, while Python runs: freed at interpreter exit, they can abort a rank
 dist.destroy_process_group()
