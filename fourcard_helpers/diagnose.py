@@ -40,10 +40,11 @@ class Ending:
 
 SIGNAL_HINTS = {
     "SIGABRT": (
-        "SIGABRT means the C++ runtime gave up; the rank's last output usually says why. "
-        "If it happened while the rank was exiting ('terminate called without an active "
-        "exception'), gloo work objects were destroyed during interpreter shutdown: end the "
-        "script with dist.destroy_process_group()."
+        "SIGABRT means the C++ runtime gave up; the rank's last output usually says why. A rank that "
+        "finished its script and aborted while its process ended ('terminate called without an active "
+        "exception') met gloo's exit race: one of gloo's threads was still handing back the last "
+        "collective when Python shut down (lesson 00, \"How a rank ends\"). End the script with "
+        "dist.destroy_process_group(), then sys.stdout.flush(); os._exit(0)."
     ),
     "SIGKILL": "SIGKILL from outside usually means the machine ran out of memory.",
     "SIGSEGV": "SIGSEGV is a crash inside native code; the rank's log above may say where.",
@@ -190,5 +191,16 @@ def diagnose(run: RunDir, nproc: int, log: str, ending: Ending, simulated: bool 
         tail = rank_tail(log, rank)
         return LaunchError(f"rank {rank} of {nproc} {how}" + (f"\nIts last output:\n{tail}" if tail else ""), rank, log)
 
+    done = set(run.ranks(DONE))
+    if done == set(range(nproc)):
+        return LaunchError(
+            f"every rank finished its script, then torchrun failed while the launch ended (exit status "
+            f"{ending.returncode}). With several agents (nodes), each waits at torchrun's exit barrier for "
+            "the others; an agent that failed, or that left with the rendezvous store it hosted, makes the "
+            "others fail or wait there (lesson 12). torchrun's own output:\n" + ending.output[-3000:], None, log)
+    if done:
+        missing = sorted(set(range(nproc)) - done)
+        return LaunchError(f"torchrun failed while rank(s) {missing} had not finished their script, and they left "
+                           "no error of their own. torchrun's own output:\n" + ending.output[-3000:], missing[0], log)
     return LaunchError("torchrun failed before the ranks could run. Its own output:\n" + ending.output[-3000:],
                        None, log)

@@ -9,9 +9,18 @@ records the notebook reads in the run folder (see rundir.py):
 * an exception (or a non-zero `sys.exit`) is written down with its time, so the notebook can
   show the first failing rank's traceback instead of torchrun's summary of every SIGTERM;
 * the rank ends the way a script ends in a terminal (non-daemon threads joined, `atexit`
-  handlers run, open files flushed), then with `os._exit`. Ending through the interpreter's
-  own teardown destroys gloo's work objects in an arbitrary order and was seen to abort
-  ("terminate called without an active exception", SIGABRT) in a fair share of runs.
+  handlers run, open files flushed), then with `os._exit`, skipping the interpreter's own
+  teardown. That teardown can abort a gloo rank (SIGABRT, "terminate called without an
+  active exception"): a gloo worker thread hands back its last collective a moment after the
+  rank was woken from it, and if Python is finalizing by then, the thread cannot take the GIL
+  to release the collective's tensors; Python ends the thread mid-C++ and the C++ runtime
+  aborts (core dump backtrace and counts: notebooks/measured/exit_abort.json). A script cannot
+  always prevent it: `destroy_process_group()` stops those threads only when nothing else
+  holds the group, and DDP does. So every shipped script ends the same way, with
+  `os._exit(0)` after `destroy_process_group()` (lesson 00, "How a rank ends"); a script that
+  does not, still ends cleanly here. When the script calls `os._exit` itself, the worker
+  takes it as the script's end: it writes its records, skips the `atexit` handlers (as
+  `os._exit` does), and exits with the script's code.
 
 It imports nothing but the standard library, so it adds almost nothing to start-up time.
 """
@@ -139,20 +148,43 @@ def _error_record(error: BaseException, rank: int, when: float) -> dict[str, Any
             "message": str(error), "traceback": shorten_paths("".join(lines))}
 
 
-def _end_as_a_terminal_would() -> None:
+def _end_as_a_terminal_would(skip_atexit: bool = False) -> None:
     """What Python does at exit that a script can notice: wait for the script's non-daemon
     threads, run its `atexit` handlers, flush the files it left open, flush stdout/stderr.
-    Only the destruction of every object is skipped (see the module's docstring)."""
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
-    atexit._run_exitfuncs()  # prints a failing handler's traceback, as the interpreter does
+    Only the destruction of every object is skipped (see the module's docstring). After the
+    script's own `os._exit`, neither threads nor handlers are waited for, as there."""
+    if not skip_atexit:
+        for thread in threading.enumerate():
+            if thread is not threading.main_thread() and not thread.daemon:
+                thread.join()
+        atexit._run_exitfuncs()  # prints a failing handler's traceback, as the interpreter does
     for file in list(_OPENED):  # files the script opened and never closed
         try:
             if not file.closed and file.writable():
                 file.flush()
         except (OSError, ValueError):
             pass
+
+
+class _ScriptCalledExit(BaseException):
+    """The script called `os._exit(code)`: end the rank as it asked, after the worker's records."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+_REAL_EXIT = os._exit
+_MAIN_PID = os.getpid()
+
+
+def _exit_from_script(code: int = 0) -> None:
+    """`os._exit` while the script runs. In the rank's main thread it ends the script (and the
+    worker then ends the rank with that code); anywhere else (a forked DataLoader worker, a
+    thread) it is the real `os._exit`, which multiprocessing's children rely on."""
+    if os.getpid() == _MAIN_PID and threading.current_thread() is threading.main_thread():
+        raise _ScriptCalledExit(code)
+    _REAL_EXIT(code)
 
 
 _OPENED: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -196,14 +228,22 @@ def main(argv: list[str]) -> None:
     namespace = {"__name__": "__main__", "__file__": str(script), "__builtins__": __builtins__}
     builtins.open = io.open = _open_and_remember  # pathlib and os.fdopen go through io.open
     code = 0
+    skip_atexit = False  # the script ended itself with os._exit, which runs no atexit handler
     observer = None
     if run is not None and os.environ.get(DOCTOR_ENV, "1") != "0":
         from .doctor import Observer  # imports torch, which the script is about to import anyway
 
         observer = Observer()
         observer.install()
+    os._exit = _exit_from_script
     try:
         exec(compile(source, label, "exec"), namespace)
+    except _ScriptCalledExit as stop:
+        code, skip_atexit = stop.code, True
+        if code and run is not None:
+            record = _error_record(stop, rank, time.time())
+            record["message"] = f"os._exit({code})"
+            run.write_json(ERROR, rank, record | {"type": "SystemExit", "exitcode": code})
     except SystemExit as stop:
         when = time.time()
         if isinstance(stop.code, int) or stop.code is None:
@@ -222,17 +262,19 @@ def main(argv: list[str]) -> None:
         else:
             print(record["traceback"], file=sys.stderr, end="")
         code = 1
+    finally:
+        os._exit = _REAL_EXIT
     if code == 0 and run is not None:
         if observer is not None:
             run.write_json(DOCTOR, rank, observer.record())
         run.write(DONE, rank, "")
-    _end_as_a_terminal_would()
+    _end_as_a_terminal_would(skip_atexit)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):
             pass
-    os._exit(code)
+    _REAL_EXIT(code)
 
 
 if __name__ == "__main__":

@@ -74,7 +74,7 @@ def test_native_crash_before_the_errors_it_caused(run: RunDir) -> None:
     text = str(error)
     assert error.rank == 1
     assert text.startswith("rank 1 of 3 crashed in native code (SIGABRT)")
-    assert "destroy_process_group" in text  # SIGABRT's hint
+    assert "destroy_process_group(), then sys.stdout.flush(); os._exit(0)" in text  # SIGABRT's hint
     assert 'job.py", line 12 in <module>' in text and "[rank1] about to crash" in text
     assert "worker.py" not in text and "Extension modules" not in text
 
@@ -98,6 +98,32 @@ def test_rank_that_died_while_exiting(run: RunDir) -> None:
     run.write(DONE, 1, "")
     exited(run, 1, -9, "SIGKILL")
     assert "rank 1 of 2 finished its script, then died while exiting, by SIGKILL" in str(diagnose(run, 2, "", FAILED))
+
+
+def test_rank_that_aborted_after_its_last_line_is_told_about_the_exit_race(run: RunDir) -> None:
+    """A script run without the course's worker (or one that ends through Python's teardown) can
+    abort after its work is done: SIGABRT with the rank's DONE record written."""
+    for rank in range(4):
+        run.write(DONE, rank, "")
+    exited(run, 2, -6, "SIGABRT")
+    error = diagnose(run, 4, "[rank2] epoch 1: loss 0.31\n", FAILED)
+    text = str(error)
+    assert error.rank == 2
+    assert text.startswith("rank 2 of 4 finished its script, then died while exiting, by SIGABRT.")
+    assert "gloo's exit race" in text and "How a rank ends" in text and "os._exit(0)" in text
+    assert text.endswith("Its last output:\n[rank2] epoch 1: loss 0.31\n")
+
+
+def test_every_rank_done_but_an_agent_failed_is_not_called_a_failed_start(run: RunDir) -> None:
+    """Two agents: every rank finished, then one agent failed at torchrun's exit barrier."""
+    for rank in range(4):
+        run.write(DONE, rank, "")
+    text = str(diagnose(run, 4, "", Ending(1, output="wait timeout after 300000ms")))
+    assert text.startswith("every rank finished its script, then torchrun failed while the launch ended")
+    assert "exit barrier" in text and "before the ranks could run" not in text
+    run.file(DONE, 3).unlink()  # a rank that never finished and left no record
+    error = diagnose(run, 4, "", Ending(1))
+    assert str(error).startswith("torchrun failed while rank(s) [3] had not finished their script") and error.rank == 3
 
 
 def test_sys_exit_names_the_code_and_where(run: RunDir) -> None:

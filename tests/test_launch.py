@@ -289,3 +289,43 @@ def test_a_gpu_script_on_simulated_cards_says_what_to_change(tmp_path: Path) -> 
     assert "raised RuntimeError: Distributed package doesn't have NCCL built in" in message
     assert "cards.backend" in message and "cards.device(local_rank)" in message and "four GPUs" in message
     assert_nothing_left()
+
+
+ENDS_WITH_OS_EXIT = INIT + """
+from torch.utils.data import DataLoader
+code = int(sys.argv[1])
+batches = list(DataLoader(torch.arange(8.0), batch_size=2, num_workers=2))  # forked workers end with os._exit too
+total = torch.tensor([float(sum(b.sum() for b in batches))])
+dist.all_reduce(total)
+report(total=total)
+print(f"rank {rank}: total {total.item():.0f}, not flushed yet", end="")  # left in stdout's buffer
+dist.destroy_process_group()
+sys.stdout.flush(); os._exit(code)
+"""
+
+
+@pytest.mark.parametrize("code", [0, 3])
+def test_a_script_that_ends_with_os_exit_ends_the_same_way_in_both_launchers(tmp_path: Path, code: int) -> None:
+    """The shipped scripts end with os._exit (lesson 00): under plain torchrun and under the course's
+    launcher, which takes the script's own os._exit as its end, the exit code and the flushed output
+    are the same."""
+    path = tmp_path / "ending.py"
+    path.write_text(ENDS_WITH_OS_EXIT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "FOURCARD_DEVICE": "cpu", "PYTHONUNBUFFERED": "0"}
+    env.pop("FOURCARD_RUN_DIR", None)
+    plain = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                            str(path), str(code)], env=env, capture_output=True, text=True)
+    for rank in (0, 1):
+        assert f"rank {rank}: total 56, not flushed yet" in plain.stdout
+    if code == 0:
+        assert plain.returncode == 0, plain.stderr[-2000:]
+        result = torchrun(path, nproc=2, args=[str(code)], timeout=300, echo=False)
+        assert result.values("total") == [[56.0], [56.0]]
+        assert [line for line in result.log.splitlines() if "not flushed" in line] == [
+            f"[rank{rank}] rank {rank}: total 56, not flushed yet" for rank in (0, 1)]
+    else:
+        assert plain.returncode != 0 and "exitcode  : 3" in plain.stdout + plain.stderr
+        with pytest.raises(LaunchError) as caught:
+            torchrun(path, nproc=2, args=[str(code)], timeout=300, echo=False)
+        assert f"exited with code {code} (os._exit({code}))" in str(caught.value)
+    assert_nothing_left()

@@ -1,4 +1,5 @@
 import os
+import sys
 import torch
 import torch.distributed as dist
 from fourcard_helpers import detect, report
@@ -17,3 +18,4 @@ print(f"rank {rank} now holds {mine.item():.0f}")
 
 report(rank=rank, total=mine.item(), pid=os.getpid())
 dist.destroy_process_group()                    # leave the group cleanly
+sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)

@@ -1,5 +1,6 @@
 """Exercise 4: train this regression MLP on every card torchrun starts, with DDP, as the task above says."""
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -28,3 +29,4 @@ def main():
 
 
 main()
+sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)

@@ -1,6 +1,7 @@
 """Gradient accumulation under DDP: four micro-batches per step, with and without no_sync, all-reduces counted."""
 import contextlib
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -52,3 +53,4 @@ print(f"accumulating 4 micro-batches: {comm_every} without no_sync, {comm_no_syn
 report(comm_every=comm_every, comm_no_sync=comm_no_sync, accumulated_grad=[g.cpu() for g in grads_no_sync],
        accumulation_gap=max((a - b).abs().max().item() for a, b in zip(grads_every, grads_no_sync)))
 dist.destroy_process_group()
+sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)

@@ -1,5 +1,5 @@
 """Column-parallel linear layer by hand: each rank makes a quarter of the output features."""
-import os, torch, torch.distributed as dist
+import os, torch, torch.distributed as dist, sys
 import torch.nn.functional as F
 from fourcard_helpers import detect, report
 
@@ -57,3 +57,4 @@ gaps = {"output": (y - yd).abs().max().item(), "grad x": (gx - dx).abs().max().i
         "grad bias shard": (gb1 - db1.chunk(world, 0)[rank]).abs().max().item()}
 report(gaps=gaps, calls=calls, weight_shape=list(w1.shape))
 dist.destroy_process_group()
+sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)

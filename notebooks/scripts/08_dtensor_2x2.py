@@ -1,5 +1,5 @@
 """Four cards as a 2 × 2 grid: tensor parallel within each row, data parallel across the rows."""
-import copy, gc, os, torch, torch.distributed as dist
+import copy, gc, os, torch, torch.distributed as dist, sys
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
@@ -43,3 +43,4 @@ report(groups=groups, dp_bytes=dp_bytes, gap_2x2=gap)
 del tp2, p, loss, grid, dp_group  # all that holds the mesh's groups, so that they are freed
 gc.collect()  # in destroy_process_group() below, while Python runs: freed at interpreter exit, they can abort a rank
 dist.destroy_process_group()
+sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)

@@ -1,5 +1,5 @@
 """The same Megatron MLP with DTensor: parallelize_module with ColwiseParallel and RowwiseParallel."""
-import copy, gc, os, torch, torch.distributed as dist
+import copy, gc, os, torch, torch.distributed as dist, sys
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
@@ -50,3 +50,4 @@ report(placements={name: str(p.placements) for name, p in tp.named_parameters()}
 del tp, mesh, y, xt, counting  # all that holds the mesh's groups, so that they are freed
 gc.collect()  # in destroy_process_group() below, while Python runs: freed at interpreter exit, they can abort a rank
 dist.destroy_process_group()
+sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)

@@ -1,4 +1,4 @@
-import gc, os, torch, torch.distributed as dist
+import gc, os, torch, torch.distributed as dist, sys
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.distributed.device_mesh import init_device_mesh
@@ -60,3 +60,4 @@ report(P=sum(p.numel() for p in models["one card"].parameters()), bytes=held, se
 del models, model, layer, optimizers, shards, state, mesh  # all that holds the process group, so that it is freed
 gc.collect()  # in destroy_process_group() below, while Python runs: freed at interpreter exit, it can abort a rank
 dist.destroy_process_group()
+sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)

@@ -1,4 +1,4 @@
-import argparse, itertools, os, time, torch, torch.distributed as dist, torch.nn.functional as F
+import argparse, itertools, os, time, torch, torch.distributed as dist, torch.nn.functional as F, sys
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 from torch.utils.data import DataLoader, DistributedSampler
 from comm_meter import CountBytes, accuracy, clock, model_state_bytes, peak_memory
@@ -54,3 +54,4 @@ report(**{"pipeline 1F1B": result})
 if rank == 0:
     print(f"pipeline 1F1B    {result['samples_per_s']:5.0f} samples/s, accuracy {result['accuracy']:.1%}", flush=True)
 dist.destroy_process_group()
+sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)

@@ -2,6 +2,7 @@
 import hashlib
 import os
 import socket
+import sys
 
 import torch
 import torch.distributed as dist
@@ -37,3 +38,4 @@ report(**where, host=socket.gethostname(), agent_pid=os.getppid(), steps=len(loa
        weights_sha256=hashlib.sha256(weights).hexdigest(),
        TORCH_NCCL_ASYNC_ERROR_HANDLING=os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING"))  # section 5
 dist.destroy_process_group()
+sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)

@@ -1,5 +1,6 @@
 """A stuck job: rank 3 never reaches the barrier, and monitored_barrier names it."""
 import os
+import sys
 import time
 from datetime import timedelta
 
@@ -17,3 +18,4 @@ if rank == 3:
     time.sleep(60)
 dist.monitored_barrier(group=gloo_group, timeout=timedelta(seconds=5))  # rank 0 waits up to 5 s for the others
 dist.destroy_process_group()
+sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)

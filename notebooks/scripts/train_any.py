@@ -340,3 +340,4 @@ if rank == 0:
     write_atomically(folder / "model.pt", lambda p: torch.save(weights, p))
 report(strategy=args.strategy, world=world, device=device.type, **(metrics[-1] if metrics else {}))
 dist.destroy_process_group()
+sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)

@@ -1,0 +1,37 @@
+"""How a rank ends: gloo's threads outlive destroy_process_group() while DDP holds the group."""
+import gc
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from fourcard_helpers import report
+
+
+def gloo_threads():
+    """How many threads gloo runs in this process (Linux lists every thread, with its name, in /proc)."""
+    names = [open(f"/proc/self/task/{task}/comm").read() for task in os.listdir("/proc/self/task")]
+    return sum("gloo" in name for name in names)
+
+
+dist.init_process_group("gloo")  # gloo on every machine: its threads are what this launch looks at
+counts = {}
+second = dist.new_group()                        # a second group: gloo starts threads for it too
+dist.all_reduce(torch.ones(1), group=second)
+counts["two groups"] = gloo_threads()
+dist.destroy_process_group(second)               # nothing else holds it: its threads end here
+del second
+counts["second destroyed"] = gloo_threads()
+model = DDP(torch.nn.Linear(4, 4))               # DDP holds the default group...
+from torch.distributed.nn import functional      # ...and so does this module, which DDP imported
+holders = [name for name, f in vars(functional).items()
+           if callable(f) and dist.group.WORLD in (getattr(f, "__defaults__", None) or ())]
+dist.destroy_process_group()
+counts["all destroyed"] = gloo_threads()
+del model
+gc.collect()
+counts["DDP deleted too"] = gloo_threads()
+report(counts=counts, holders=holders)
+sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
