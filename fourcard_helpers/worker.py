@@ -12,15 +12,16 @@ records the notebook reads in the run folder (see rundir.py):
   handlers run, open files flushed), then with `os._exit`, skipping the interpreter's own
   teardown. That teardown can abort a gloo rank (SIGABRT, "terminate called without an
   active exception"): a gloo worker thread hands back its last collective a moment after the
-  rank was woken from it, and if Python is finalizing by then, the thread cannot take the GIL
-  to release the collective's tensors; Python ends the thread mid-C++ and the C++ runtime
-  aborts (core dump backtrace and counts: notebooks/measured/exit_abort.json). A script cannot
-  always prevent it: `destroy_process_group()` stops those threads only when nothing else
-  holds the group, and DDP does. So every shipped script ends the same way, with
-  `os._exit(0)` after `destroy_process_group()` (lesson 00, "How a rank ends"); a script that
-  does not, still ends cleanly here. When the script calls `os._exit` itself, the worker
-  takes it as the script's end: it writes its records, skips the `atexit` handlers (as
-  `os._exit` does), and exits with the script's code.
+  rank was woken from it, and if Python is finalizing by then, the thread cannot take the
+  GIL to release the collective's tensors; Python ends the thread mid-C++ and the C++
+  runtime aborts (a core dump's backtrace: notebooks/measured/exit_abort_backtrace.txt;
+  counts: notebooks/measured/exit_race.json). A script cannot always prevent it:
+  `destroy_process_group()` stops those threads only when nothing else holds the group, and
+  DDP does. So every shipped script ends the same way, with `os._exit(0)` after
+  `destroy_process_group()` (lesson 00, "How a rank ends"); a script that does not, still
+  ends cleanly here. When the script calls `os._exit` itself, the worker takes it as the
+  script's end: it writes its records, skips the `atexit` handlers (as `os._exit` does), and
+  exits with the script's code.
 
 It imports nothing but the standard library, so it adds almost nothing to start-up time.
 """

@@ -11,27 +11,27 @@ from fourcard_helpers import report
 
 
 def gloo_threads():
-    """How many threads gloo runs in this process (Linux lists every thread, with its name, in /proc)."""
-    names = [open(f"/proc/self/task/{task}/comm").read() for task in os.listdir("/proc/self/task")]
-    return sum("gloo" in name for name in names)
+    """The names of the threads gloo runs in this process (Linux lists every thread, by name, in /proc)."""
+    names = [open(f"/proc/self/task/{task}/comm").read().strip() for task in os.listdir("/proc/self/task")]
+    return sorted(name for name in names if "gloo" in name)
 
 
 dist.init_process_group("gloo")  # gloo on every machine: its threads are what this launch looks at
-counts = {}
+threads = {}
 second = dist.new_group()                        # a second group: gloo starts threads for it too
 dist.all_reduce(torch.ones(1), group=second)
-counts["two groups"] = gloo_threads()
+threads["two groups"] = gloo_threads()
 dist.destroy_process_group(second)               # nothing else holds it: its threads end here
 del second
-counts["second destroyed"] = gloo_threads()
+threads["second destroyed"] = gloo_threads()
 model = DDP(torch.nn.Linear(4, 4))               # DDP holds the default group...
 from torch.distributed.nn import functional      # ...and so does this module, which DDP imported
 holders = [name for name, f in vars(functional).items()
            if callable(f) and dist.group.WORLD in (getattr(f, "__defaults__", None) or ())]
 dist.destroy_process_group()
-counts["all destroyed"] = gloo_threads()
+threads["all destroyed"] = gloo_threads()
 del model
 gc.collect()
-counts["DDP deleted too"] = gloo_threads()
-report(counts=counts, holders=holders)
+threads["DDP deleted too"] = gloo_threads()
+report(threads=threads, holders=holders)
 sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
