@@ -77,7 +77,7 @@ def main() -> None:
         proc.start()
     print(f"{len(launches)} scripts × {args.runs} runs; {os.cpu_count()} cores, {args.busy} busy processes, "
           f"OMP_NUM_THREADS={env.get('OMP_NUM_THREADS', 'as set')}", flush=True)
-    results, started = {}, time.time()
+    results, started, load_at_start = {}, time.time(), os.getloadavg()[0]
     try:
         for script, nproc, nnodes, timeout, staged in launches:
             seen: Counter[str] = Counter()
@@ -102,6 +102,7 @@ def main() -> None:
             "command": "python benchmarks/script_stress.py " + " ".join(sys.argv[1:]),
             "date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
             "busy_processes": args.busy, "omp_num_threads": env.get("OMP_NUM_THREADS"),
+            "load_average": [round(load_at_start, 1), round(os.getloadavg()[0], 1)],  # at the start and the end
             "scripts": results}, indent=1) + "\n", encoding="utf-8")
 
 

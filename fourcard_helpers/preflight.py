@@ -92,6 +92,16 @@ def pinned_versions() -> dict[str, str]:
     return pins
 
 
+def check_system(found: Findings, platform: str = sys.platform) -> None:
+    """The course runs on Linux only: its launcher finds a launch's leftover ranks in /proc and has each
+    rank ask Linux to end it with its torchrun (prctl); elsewhere a failed launch could leave ranks behind."""
+    if platform.startswith("linux"):
+        found.ok("Linux")
+    else:
+        found.fail(f"this is {platform}, and the course runs on Linux only",
+                   "on Windows, use WSL 2 (a Linux); on macOS, a Linux virtual machine or container")
+
+
 def check_python_and_packages(found: Findings) -> None:
     version = ".".join(map(str, sys.version_info[:3]))
     if sys.version_info < (3, 10):
@@ -223,6 +233,7 @@ def check_launch(found: Findings, cards) -> None:
 def main() -> int:
     print("Four Cards pre-flight check", flush=True)
     found = Findings()
+    check_system(found)
     check_python_and_packages(found)
     cards = check_cards(found)
     check_cores(found, cards)
