@@ -16,6 +16,7 @@ if cards.kind == "cuda":
 # All ranks again, in a group whose collectives time out after 5 s instead of the default (30 min on gloo, 10 on
 # NCCL), so that a collective nobody answers fails in seconds. (init_process_group takes the same timeout=.)
 quick = dist.new_group(timeout=datetime.timedelta(seconds=5))
+dist.barrier(group=quick)  # all ranks, once: NCCL builds a group's communicator at its first collective, untimed
 loss = torch.tensor([0.25 + rank], device=device)
 if rank == 0:  # "only rank 0 logs, so only rank 0 needs the mean loss"...
     dist.all_reduce(loss, group=quick)  # ...but an all-reduce needs all four ranks

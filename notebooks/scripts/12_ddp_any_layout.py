@@ -36,6 +36,7 @@ for images, labels in loader:
 weights = torch.cat([p.detach().flatten() for p in model.module.parameters()]).cpu().numpy().tobytes()
 report(**where, host=socket.gethostname(), agent_pid=os.getppid(), steps=len(loader),
        weights_sha256=hashlib.sha256(weights).hexdigest(),
+       CUDA_VISIBLE_DEVICES=os.environ.get("CUDA_VISIBLE_DEVICES"),  # which GPUs this node's agent was given
        TORCH_NCCL_ASYNC_ERROR_HANDLING=os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING"))  # section 5
 dist.destroy_process_group()
 sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
