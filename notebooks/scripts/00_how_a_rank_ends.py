@@ -2,6 +2,7 @@
 import gc
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -11,9 +12,14 @@ from fourcard_helpers import report
 
 
 def gloo_threads():
-    """The names of the threads gloo runs in this process (Linux lists every thread, by name, in /proc)."""
-    names = [open(f"/proc/self/task/{task}/comm").read().strip() for task in os.listdir("/proc/self/task")]
-    return sorted(name for name in names if "gloo" in name)
+    """The names of the threads gloo runs in this process (Linux lists every thread, by name, in /proc).
+    A new thread carries the process's name until it names itself: wait (10 s at most) until only one does."""
+    deadline = time.monotonic() + 10
+    while True:
+        names = [open(f"/proc/self/task/{task}/comm").read().strip() for task in os.listdir("/proc/self/task")]
+        if names.count(open("/proc/self/comm").read().strip()) == 1 or time.monotonic() > deadline:
+            return sorted(name for name in names if "gloo" in name)
+        time.sleep(0.01)
 
 
 dist.init_process_group("gloo")  # gloo on every machine: its threads are what this launch looks at
