@@ -14,48 +14,50 @@ device = cards.device(int(os.environ["LOCAL_RANK"]))
 if cards.kind == "cuda":
     torch.cuda.set_device(device)
     # Plain float32 convolutions: TF32 (the default for cuDNN on recent GPUs) would round
-    # them to 10-bit mantissas, and the notebook compares with float32 on its CPU.
+    # them to 10-bit mantissas; the notebook's one-card runs use plain float32 too.
     torch.backends.cudnn.allow_tf32 = False
 
 STEPS, GLOBAL_BATCH, LR = 20, 64, 0.05
 per_card = GLOBAL_BATCH // world
-
-# 1. Each rank builds its own copy; different seeds make the copies start apart...
-torch.manual_seed(rank)
-model = MnistCNN().to(device)
-before = model.fc2.bias.detach().cpu().clone()
-# ...so rank 0's weights are broadcast to all: now every copy starts the same.
-with torch.no_grad():
-    for p in model.parameters():
-        dist.broadcast(p, src=0)
-
 X, Y = load_mnist("train").tensors
 order = torch.randperm(len(X), generator=torch.Generator().manual_seed(1))  # same order on every rank
-optimizer = torch.optim.SGD(model.parameters(), lr=LR)
-losses, calls, bytes_sent = [], 0, 0
-for step in range(STEPS):
-    batch = order[step * GLOBAL_BATCH:(step + 1) * GLOBAL_BATCH]
-    mine = batch[rank * per_card:(rank + 1) * per_card]  # this card's shard of the batch
-    x, y = X[mine].to(device), Y[mine].to(device)
-    optimizer.zero_grad()
-    loss = F.cross_entropy(model(x), y)
-    loss.backward()
-    # 2. The all-reduce, by hand: sum every gradient over the ranks, divide by their number.
-    for p in model.parameters():
-        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
-        p.grad /= world
-        calls += 1
-        bytes_sent += p.grad.numel() * p.grad.element_size()
-    optimizer.step()
-    # The loss of the whole batch is the mean of the shard losses (for the record only).
-    batch_loss = loss.detach().clone()
-    dist.all_reduce(batch_loss)
-    losses.append(batch_loss.item() / world)
-    if rank == 0 and step % 5 == 0:
-        print(f"step {step:2d}  loss {losses[-1]:.4f}")
 
-weights = torch.nn.utils.parameters_to_vector(model.parameters()).detach().cpu()
-report(before=before, weights=weights, losses=losses, calls=calls, bytes_sent=bytes_sent,
-       shard=per_card, device=str(device))
+
+def train(dtype):  # the same 20 steps in float32, then in float64: the notebook checks both
+    # 1. Each rank builds its own copy; different seeds make the copies start apart...
+    torch.manual_seed(rank)
+    model = MnistCNN().to(device, dtype)
+    before = model.fc2.bias.detach().cpu().clone()
+    # ...so rank 0's weights are broadcast to all: now every copy starts the same.
+    with torch.no_grad():
+        for p in model.parameters():
+            dist.broadcast(p, src=0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    losses, calls, bytes_sent = [], 0, 0
+    for step in range(STEPS):
+        batch = order[step * GLOBAL_BATCH:(step + 1) * GLOBAL_BATCH]
+        mine = batch[rank * per_card:(rank + 1) * per_card]  # this card's shard of the batch
+        x, y = X[mine].to(device, dtype), Y[mine].to(device)
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        # 2. The all-reduce, by hand: sum every gradient over the ranks, divide by their number.
+        for p in model.parameters():
+            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+            p.grad /= world
+            calls += 1
+            bytes_sent += p.grad.numel() * p.grad.element_size()
+        optimizer.step()
+        # The loss of the whole batch is the mean of the shard losses (for the record only).
+        batch_loss = loss.detach().clone()
+        dist.all_reduce(batch_loss)
+        losses.append(batch_loss.item() / world)
+        if rank == 0 and step % 5 == 0:
+            print(f"{dtype} step {step:2d}  loss {losses[-1]:.4f}")
+    weights = torch.nn.utils.parameters_to_vector(model.parameters()).detach().cpu()
+    return dict(before=before, weights=weights, losses=losses, calls=calls, bytes_sent=bytes_sent)
+
+
+report(float32=train(torch.float32), float64=train(torch.float64), shard=per_card, device=str(device))
 dist.destroy_process_group()
 sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
