@@ -19,41 +19,41 @@ def now():
 
 CUTS = [0, 3, 6, 9, 10]  # stage 0: conv1 block | 1: conv2 block | 2: fc1 + ReLU | 3: fc2
 BATCH, STEPS = 256, 4
-torch.manual_seed(0)
-layers = MnistCNN().as_sequential()  # every rank builds the same model from the same seed ...
 images, labels = load_mnist("train").tensors
-with torch.no_grad():  # ... notes the shape of what crosses each cut (for the recv buffers) ...
-    cut_shapes = [tuple(layers[:c](images[:BATCH]).shape) for c in CUTS[1:-1]]
-stage = layers[CUTS[rank]:CUTS[rank + 1]].to(device)  # ... and keeps only its own stage
-optimizer = torch.optim.SGD(stage.parameters(), lr=0.05)
-
-events = []
-for step in range(STEPS):
-    x, y = images[step * BATCH:(step + 1) * BATCH].to(device), labels[step * BATCH:(step + 1) * BATCH].to(device)
-    optimizer.zero_grad()
-    dist.barrier()  # every step starts together, so its timeline stands on its own
-    inputs = x if first else torch.empty(cut_shapes[rank - 1], device=device)
-    if not first:   # forward: receive the previous stage's output, compute, pass ours on
-        dist.recv(inputs, src=rank - 1)
-        inputs.requires_grad_()  # we will need the gradient with respect to it
-    start = now()
-    outputs = stage(inputs)
-    loss = F.cross_entropy(outputs, y) if last else None
-    events.append((step, start, now(), "forward"))
-    if not last:    # backward: receive d(loss)/d(our output), backpropagate, pass d(loss)/d(our input) back
-        dist.send(outputs.detach(), dst=rank + 1)
-        grad = torch.empty_like(outputs)
-        dist.recv(grad, src=rank + 1)
-    start = now()
-    (loss if last else outputs).backward(None if last else grad)
-    events.append((step, start, now(), "backward"))
-    if not first:
-        dist.send(inputs.grad, dst=rank - 1)
-    optimizer.step()
-    if last and step == 0:
-        report(logits=outputs.detach(), loss=loss.item())
-
-report(events=events, weights=stage.state_dict(),
-       peak_bytes=torch.cuda.max_memory_allocated(device) if cards.kind == "cuda" else None)
+for name, dtype in (("float32", torch.float32), ("float64", torch.float64)):  # float64: the exactness check
+    torch.manual_seed(0)
+    layers = MnistCNN().as_sequential().to(dtype)  # every rank builds the same model from the same seed ...
+    with torch.no_grad():  # ... notes the shape of what crosses each cut (for the recv buffers) ...
+        cut_shapes = [tuple(layers[:c](images[:BATCH].to(dtype)).shape) for c in CUTS[1:-1]]
+    stage = layers[CUTS[rank]:CUTS[rank + 1]].to(device)  # ... and keeps only its own stage
+    optimizer = torch.optim.SGD(stage.parameters(), lr=0.05)
+    events = []
+    for step in range(STEPS):
+        batch = slice(step * BATCH, (step + 1) * BATCH)
+        x, y = images[batch].to(device, dtype), labels[batch].to(device)
+        optimizer.zero_grad()
+        dist.barrier()  # every step starts together, so its timeline stands on its own
+        inputs = x if first else torch.empty(cut_shapes[rank - 1], device=device, dtype=dtype)
+        if not first:   # forward: receive the previous stage's output, compute, pass ours on
+            dist.recv(inputs, src=rank - 1)
+            inputs.requires_grad_()  # we will need the gradient with respect to it
+        start = now()
+        outputs = stage(inputs)
+        loss = F.cross_entropy(outputs, y) if last else None
+        events.append((step, start, now(), "forward"))
+        if not last:    # backward: receive d(loss)/d(our output), backpropagate, pass d(loss)/d(our input) back
+            dist.send(outputs.detach(), dst=rank + 1)
+            grad = torch.empty_like(outputs)
+            dist.recv(grad, src=rank + 1)
+        start = now()
+        (loss if last else outputs).backward(None if last else grad)
+        events.append((step, start, now(), "backward"))
+        if not first:
+            dist.send(inputs.grad, dst=rank - 1)
+        optimizer.step()
+        if step == 0:
+            logits = outputs.detach() if last else None
+    report(**{name: dict(events=events, weights=stage.state_dict(), logits=logits,
+                         peak_bytes=torch.cuda.max_memory_allocated(device) if cards.kind == "cuda" else None)})
 dist.destroy_process_group()
 sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)

@@ -15,40 +15,40 @@ if cards.kind == "cuda":
 CUTS = [0, 3, 6, 9, 10]
 MICRO_BATCHES, STEPS = 4, 3
 images, labels = load_mnist("train").tensors
-x, y = images[:64].to(device), labels[:64].to(device)
-
-torch.manual_seed(0)
-layers = MnistCNN().as_sequential().to(device)
-initial = {name: value.clone() for name, value in layers.state_dict().items()}
-# traced: the whole model is traced once and cut before layers 3, 6 and 9
-pipe = pipeline(layers, mb_args=(x[:64 // MICRO_BATCHES],),
-                split_spec={str(CUTS[s]): SplitPoint.BEGINNING for s in range(1, world)})
-weights = {}
-for build in ("by hand", "traced"):
-    for Schedule in (ScheduleGPipe, Schedule1F1B):
-        layers.load_state_dict(initial)  # every setup starts from the same weights
-        if build == "by hand":
-            part = layers[CUTS[rank]:CUTS[rank + 1]]
-            stage = PipelineStage(part, rank, world, device)
-        else:
-            part = pipe.get_stage_module(rank)
-            part.load_state_dict({name: initial[name] for name in part.state_dict()})
-            stage = pipe.build_stage(rank, device)
-        optimizer = torch.optim.SGD(part.parameters(), lr=0.1)
-        schedule = Schedule(stage, n_microbatches=MICRO_BATCHES, loss_fn=F.cross_entropy)
-        for step in range(STEPS):
-            optimizer.zero_grad()
-            if rank == 0:
-                schedule.step(x)
-            elif rank == world - 1:
-                schedule.step(target=y)
+weights = {"float32": {}, "float64": {}}
+for name, dtype in (("float32", torch.float32), ("float64", torch.float64)):  # float64: the exactness check
+    x, y = images[:64].to(device, dtype), labels[:64].to(device)
+    torch.manual_seed(0)
+    layers = MnistCNN().as_sequential().to(device, dtype)
+    initial = {key: value.clone() for key, value in layers.state_dict().items()}
+    # traced: the whole model is traced once and cut before layers 3, 6 and 9
+    pipe = pipeline(layers, mb_args=(x[:64 // MICRO_BATCHES],),
+                    split_spec={str(CUTS[s]): SplitPoint.BEGINNING for s in range(1, world)})
+    for build in ("by hand", "traced"):
+        for Schedule in (ScheduleGPipe, Schedule1F1B):
+            layers.load_state_dict(initial)  # every setup starts from the same weights
+            if build == "by hand":
+                part = layers[CUTS[rank]:CUTS[rank + 1]]
+                stage = PipelineStage(part, rank, world, device)
             else:
-                schedule.step()
-            optimizer.step()
-        # clone: the next setup reloads the initial weights into these same tensors
-        weights[f"{build}, {Schedule.__name__}"] = {name: value.clone() for name, value in part.state_dict().items()}
-        if rank == 0:
-            print(f"{build:8} {Schedule.__name__:13} done", flush=True)
+                part = pipe.get_stage_module(rank)
+                part.load_state_dict({key: initial[key] for key in part.state_dict()})
+                stage = pipe.build_stage(rank, device)
+            optimizer = torch.optim.SGD(part.parameters(), lr=0.1)
+            schedule = Schedule(stage, n_microbatches=MICRO_BATCHES, loss_fn=F.cross_entropy)
+            for step in range(STEPS):
+                optimizer.zero_grad()
+                if rank == 0:
+                    schedule.step(x)
+                elif rank == world - 1:
+                    schedule.step(target=y)
+                else:
+                    schedule.step()
+                optimizer.step()
+            # clone: the next setup reloads the initial weights into these same tensors
+            weights[name][f"{build}, {Schedule.__name__}"] = {key: value.clone() for key, value in part.state_dict().items()}
+            if rank == 0:
+                print(f"{name} {build:8} {Schedule.__name__:13} done", flush=True)
 report(weights=weights)
 dist.destroy_process_group()
 sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)

@@ -10,15 +10,15 @@ class Links:
     next receive from the same neighbour and goes in one batch with it, so two neighbours
     that send to each other at the same moment (1F1B does) never wait for each other."""
 
-    def __init__(self, device):
-        self.device, self.pending, self.started = device, [], []
+    def __init__(self, device, dtype):
+        self.device, self.dtype, self.pending, self.started = device, dtype, [], []
 
     def send(self, tensor, peer):
         self.pending.append(dist.P2POp(dist.isend, tensor.contiguous(), peer))
 
     def recv(self, shape, peer):
         self.flush([op for op in self.pending if op.peer != peer])  # sends to the other side go on their own
-        buffer = torch.empty(shape, device=self.device)
+        buffer = torch.empty(shape, device=self.device, dtype=self.dtype)
         works = dist.batch_isend_irecv(self.pending + [dist.P2POp(dist.irecv, buffer, peer)])
         works[-1].wait()
         self.started, self.pending = self.started + works[:-1], []
@@ -40,15 +40,15 @@ class Links:
 def train_step(stage, order, x, y, micro_batches, input_shape, device, pace=None, now=time.perf_counter):
     """Run this rank's `order` of ("F", i) / ("B", i) on one batch cut into `micro_batches`.
 
-    x (first rank) and y (last rank) are the whole batch; `input_shape` is the shape of one
-    sample where this stage's input comes in. With `pace=(forward_s, backward_s)` every
-    operation computes, then sleeps until its slot has passed. Returns the events
+    x (first rank) and y (last rank) are the whole batch, and every rank receives in x's dtype;
+    `input_shape` is the shape of one sample where this stage's input comes in. With
+    `pace=(forward_s, backward_s)` every operation computes, then sleeps until its slot has passed. Returns the events
     (start, end, cpu_seconds, kind, micro-batch) and the most micro-batches held at once.
     """
     rank, world = dist.get_rank(), dist.get_world_size()
     first, last = rank == 0, rank == world - 1
     xs, ys = x.chunk(micro_batches), y.chunk(micro_batches)
-    links, held, peak, events = Links(device), {}, 0, []
+    links, held, peak, events = Links(device, x.dtype), {}, 0, []
     for op, i in order:
         if op == "F":
             if first:
