@@ -1,0 +1,91 @@
+"""Ordinary machines are not this one: the course must hold as a learner's machine is.
+
+Each condition below is one a learner meets without doing anything unusual. Under each, lesson 00
+(cards, launches, results, a failing rank, nothing left behind, how a rank ends) runs top to bottom
+under strict nbval, from a copy of the notebooks folder in that learner's home:
+
+* an ordinary user, not root (as root, the test runs it as `nobody`; where this environment's Python
+  lies in root's home, out of that user's reach, the user runs the system's Python of the same
+  version with this environment's packages, as a learner's own installation would provide them);
+* a home folder whose path holds a space and Chinese characters;
+* a Chinese locale (`LANG=zh_CN.UTF-8`);
+* one core (`taskset -c 0`): four ranks and the kernel share it;
+* a busy machine: two processes spinning beside the lesson.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import site
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from test_notebooks import NOTEBOOKS
+
+LESSON = NOTEBOOKS[0]
+CONDITIONS = ["ordinary user", "home path with a space and Chinese", "Chinese locale", "one core", "busy machine"]
+
+
+def spin() -> None:  # one core's worth of load
+    while True:
+        pass
+
+
+AS_NOBODY = ["runuser", "-u", "nobody", "--"]  # runuser drops root's rights as a login would
+
+
+def python_for_nobody(env: dict[str, str]) -> str:
+    """An interpreter `nobody` may run that imports this environment's packages; sets PYTHONPATH if needed."""
+    if subprocess.run([*AS_NOBODY, sys.executable, "-c", "pass"], capture_output=True).returncode == 0:
+        return sys.executable
+    system = shutil.which(f"python{sys.version_info.major}.{sys.version_info.minor}", path="/usr/bin:/usr/local/bin")
+    if system is None:
+        pytest.skip(f"this Python is out of the ordinary user's reach and no system Python "
+                    f"{sys.version_info.major}.{sys.version_info.minor} exists")
+    repo = str(LESSON.parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join([*site.getsitepackages(), repo])
+    return system
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("condition", CONDITIONS)
+def test_lesson_00_holds(condition: str) -> None:
+    if condition == "one core" and not shutil.which("taskset"):
+        pytest.skip("taskset (util-linux) is not installed")
+    root = Path(tempfile.mkdtemp(prefix="fourcard-learner-"))
+    home = root / ("我的 课程" if condition == "home path with a space and Chinese" else "home")
+    copy = home / "four-cards" / "notebooks"
+    shutil.copytree(LESSON.parent, copy, ignore=shutil.ignore_patterns("runs", "traces", ".ipynb_checkpoints"))
+    env = {**os.environ, "HOME": str(home), "TMPDIR": str(root)}
+    env.pop("FOURCARD_RUN_DIR", None)
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(copy), "-o", "addopts=",
+               "--nbval", "--nbval-current-env", "--nbval-sanitize-with", str(copy / "sanitize.cfg"),
+               "--nbval-cell-timeout=300", str(copy / LESSON.name)]
+    busy: list[multiprocessing.Process] = []
+    if condition == "ordinary user" and os.geteuid() == 0:
+        shutil.chown(root, "nobody", "nogroup")
+        for path in root.rglob("*"):
+            shutil.chown(path, "nobody", "nogroup")
+        python = python_for_nobody(env)  # runuser sets HOME to nobody's own: give it the learner's folders again
+        keep = [f"{name}={env[name]}" for name in ("HOME", "TMPDIR", "PYTHONPATH") if name in env]
+        command = [*AS_NOBODY, "env", *keep, python, *command[1:]]
+    elif condition == "Chinese locale":
+        env["LANG"] = "zh_CN.UTF-8"
+    elif condition == "one core":
+        command = ["taskset", "-c", "0", *command]
+    elif condition == "busy machine":
+        busy = [multiprocessing.Process(target=spin, daemon=True) for _ in range(2)]
+    for proc in busy:
+        proc.start()
+    try:
+        done = subprocess.run(command, cwd=copy, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    finally:
+        for proc in busy:
+            proc.terminate()
+        shutil.rmtree(root, ignore_errors=True)
+    assert done.returncode == 0, f"lesson 00 with {condition}:\n{done.stdout[-4000:]}\n{done.stderr[-2000:]}"
