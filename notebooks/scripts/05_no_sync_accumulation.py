@@ -36,21 +36,25 @@ model = DDP(MnistCNN().to(device), device_ids=[device] if cards.kind == "cuda" e
 model.register_comm_hook(None, counting_allreduce)
 
 
-def accumulate(use_no_sync):
+def accumulate(net, use_no_sync):
     """One optimizer step's gradient from 4 micro-batches; returns it and the communication it took."""
-    model.zero_grad()
+    net.zero_grad()
     calls.update({"all-reduces": 0, "bytes": 0})
+    dtype = next(net.parameters()).dtype
     for k, part in enumerate(micro):
         quiet = use_no_sync and k < len(micro) - 1  # the last backward always synchronises what has accumulated
-        with model.no_sync() if quiet else contextlib.nullcontext():  # forward and backward inside no_sync
-            (F.cross_entropy(model(images[part]), labels[part]) / len(micro)).backward()
-    return [p.grad.clone() for p in model.parameters()], dict(calls)
+        with net.no_sync() if quiet else contextlib.nullcontext():  # forward and backward inside no_sync
+            (F.cross_entropy(net(images[part].to(dtype)), labels[part]) / len(micro)).backward()
+    return [p.grad.clone() for p in net.parameters()], dict(calls)
 
 
-grads_every, comm_every = accumulate(use_no_sync=False)
-grads_no_sync, comm_no_sync = accumulate(use_no_sync=True)
+grads_every, comm_every = accumulate(model, use_no_sync=False)
+grads_no_sync, comm_no_sync = accumulate(model, use_no_sync=True)
+torch.manual_seed(0)  # the same start, accumulated once more in float64 (no hook): for the notebook's exact check
+grads_64, _ = accumulate(DDP(MnistCNN().to(device, torch.float64), device_ids=model.device_ids), use_no_sync=True)
 print(f"accumulating 4 micro-batches: {comm_every} without no_sync, {comm_no_sync} with it", flush=True)
 report(comm_every=comm_every, comm_no_sync=comm_no_sync, accumulated_grad=[g.cpu() for g in grads_no_sync],
+       accumulated_grad_64=[g.cpu() for g in grads_64],
        accumulation_gap=max((a - b).abs().max().item() for a, b in zip(grads_every, grads_no_sync)))
 dist.destroy_process_group()
 sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)

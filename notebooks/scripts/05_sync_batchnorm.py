@@ -45,18 +45,18 @@ class AllReduceBatchNorm2d(nn.BatchNorm2d):
 
 
 after_one_step = {}
-for kind in ("BatchNorm", "SyncBatchNorm"):
+for kind, dtype in [(kind, dtype) for kind in ("BatchNorm", "SyncBatchNorm") for dtype in (torch.float32, torch.float64)]:
     torch.manual_seed(0)
-    net = MnistCNNWithBatchNorm().to(device)
+    net = MnistCNNWithBatchNorm().to(device, dtype)
     if kind == "SyncBatchNorm" and cards.kind == "cuda":
         net = nn.SyncBatchNorm.convert_sync_batchnorm(net)  # the real thing, on GPUs
     elif kind == "SyncBatchNorm":
-        net.bn1, net.bn2 = AllReduceBatchNorm2d(10).to(device), AllReduceBatchNorm2d(20).to(device)
+        net.bn1, net.bn2 = AllReduceBatchNorm2d(10).to(device, dtype), AllReduceBatchNorm2d(20).to(device, dtype)
     net = DDP(net, device_ids=[device] if cards.kind == "cuda" else None)
     optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
-    F.cross_entropy(net(images), labels).backward()
+    F.cross_entropy(net(images.to(dtype)), labels).backward()
     optimizer.step()
-    after_one_step[kind] = {k: v.cpu() for k, v in net.module.state_dict().items()}
+    after_one_step[f"{kind}, {str(dtype).removeprefix('torch.')}"] = {k: v.cpu() for k, v in net.module.state_dict().items()}
 report(after_one_step=after_one_step)
 dist.destroy_process_group()
 sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
