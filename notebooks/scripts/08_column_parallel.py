@@ -35,26 +35,26 @@ class GatherFromShards(torch.autograd.Function):
     def backward(ctx, grad):
         return grad.chunk(world, dim=-1)[rank].contiguous()
 
-torch.manual_seed(0)  # the dense reference: every rank builds the same layer and input
-fc1 = torch.nn.Linear(32, 128).to(device)
-x = torch.randn(16, 32, device=device)
-w1 = fc1.weight.detach().chunk(world, dim=0)[rank].clone().requires_grad_()  # rows = output features
-b1 = fc1.bias.detach().chunk(world, dim=0)[rank].clone().requires_grad_()
-
-def grads(output, leaves):
-    """Backpropagate a fixed probe through `output`: the gradients of sum(output · probe)."""
-    probe = torch.linspace(-1, 1, output.numel(), device=device).view_as(output)
+def grads(output, leaves):  # the gradients of sum(output · probe), for a fixed probe
+    probe = torch.linspace(-1, 1, output.numel(), dtype=output.dtype, device=device).view_as(output)
     return torch.autograd.grad((output * probe).sum(), leaves)
 
-xr = x.clone().requires_grad_()
-y = GatherFromShards.apply(F.linear(CopyToShards.apply(xr), w1, b1))
-gx, gw1, gb1 = grads(y, [xr, w1, b1])
-xd = x.clone().requires_grad_()
-yd = fc1(xd)
-dx, dw1, db1 = grads(yd, [xd, fc1.weight, fc1.bias])
-gaps = {"output": (y - yd).abs().max().item(), "grad x": (gx - dx).abs().max().item(),
-        "grad weight shard": (gw1 - dw1.chunk(world, 0)[rank]).abs().max().item(),
-        "grad bias shard": (gb1 - db1.chunk(world, 0)[rank]).abs().max().item()}
+torch.manual_seed(0)  # the dense reference: every rank builds the same layer and input (on the CPU, as the notebook)
+fc1, x = torch.nn.Linear(32, 128), torch.randn(16, 32)
+gaps = {}
+for dtype in (torch.float64, torch.float32):  # the same numbers twice: float64 holds every float32 exactly
+    calls.clear()                             # keep the collectives of the float32 run
+    W, b, xd = (t.detach().to(device, dtype) for t in (fc1.weight, fc1.bias, x))
+    w1, b1 = (t.chunk(world, dim=0)[rank].clone().requires_grad_() for t in (W, b))  # rows = output features
+    xr = xd.clone().requires_grad_()
+    y = GatherFromShards.apply(F.linear(CopyToShards.apply(xr), w1, b1))
+    gx, gw1, gb1 = grads(y, [xr, w1, b1])
+    Wd, bd, xd = (t.clone().requires_grad_() for t in (W, b, xd))
+    yd = F.linear(xd, Wd, bd)
+    dx, dw1, db1 = grads(yd, [xd, Wd, bd])
+    gaps[str(dtype)[6:]] = {"output": (y - yd).abs().max().item(), "grad x": (gx - dx).abs().max().item(),
+                            "grad weight shard": (gw1 - dw1.chunk(world, 0)[rank]).abs().max().item(),
+                            "grad bias shard": (gb1 - db1.chunk(world, 0)[rank]).abs().max().item()}
 report(gaps=gaps, calls=calls, weight_shape=list(w1.shape))
 dist.destroy_process_group()
 sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)

@@ -16,19 +16,19 @@ params = [[p.detach().to(device) for fc in (torch.nn.Linear(d, 4 * d), torch.nn.
 x, target = torch.randn(batch, d).to(device), torch.randn(batch, d).to(device)   # drawn on the CPU, as in the notebook
 sent = {}                                   # payload bytes this rank sends, by kind
 
-def step(dp, pp):
+def step(dp, pp, dtype=torch.float32):
     """One step with dp copies of the model, each cut into pp stages of consecutive blocks (one micro-batch)."""
     replica, stage = divmod(rank, pp)              # which copy of the model, which stage of it
     sent.clear()
     groups = [dist.new_group(list(range(s, world, pp))) for s in range(pp)]  # every rank creates every group
     first, last = stage == 0, stage == pp - 1
-    local = [[p.clone().requires_grad_() for p in params[b]] for b in range(stage * blocks // pp, (stage + 1) * blocks // pp)]
+    local = [[p.to(dtype).clone().requires_grad_() for p in params[b]] for b in range(stage * blocks // pp, (stage + 1) * blocks // pp)]
     weights, kept = {p.data_ptr() for ps in local for p in ps}, {}
     def pack(t):                                   # every tensor autograd saves for backward, weights aside
         kept[t.data_ptr()] = 0 if t.data_ptr() in weights else t.numel()
         return t
     rows = batch // dp
-    inp = x.chunk(dp)[replica] if first else torch.empty(rows, d, device=device)
+    inp = x.chunk(dp)[replica].to(dtype) if first else torch.empty(rows, d, dtype=dtype, device=device)
     if not first:                                  # the previous stage's output is this stage's input
         dist.recv(inp, src=rank - 1)
         inp.requires_grad_()
@@ -37,7 +37,7 @@ def step(dp, pp):
         for w1, b1, w2, b2 in local:
             out = F.linear(torch.relu(F.linear(out, w1, b1)), w2, b2)
         if last:
-            ((out - target.chunk(dp)[replica]) ** 2).mean().backward()
+            ((out - target.chunk(dp)[replica].to(dtype)) ** 2).mean().backward()
     if not last:                                   # send the output on; receive its gradient back
         dist.send(out.detach(), dst=rank + 1)
         sent["pipeline"] = sent.get("pipeline", 0) + out.nbytes
@@ -55,6 +55,7 @@ def step(dp, pp):
     return {"sent": dict(sent), "numbers_held": grads.numel(), "activations": sum(kept.values()), "grads": grads}
 
 layouts = {"pipeline ×4": (1, 4), "data ×2 · pipeline ×2": (2, 2)}
-report(results={name: step(*shape) for name, shape in layouts.items()}, layouts=layouts, d=d, blocks=blocks, batch=batch)
+report(results={name: step(*shape) for name, shape in layouts.items()}, layouts=layouts, d=d, blocks=blocks, batch=batch,
+       grads64={name: step(*shape, torch.float64)["grads"] for name, shape in layouts.items()})  # the same step in float64
 dist.destroy_process_group()
 sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)

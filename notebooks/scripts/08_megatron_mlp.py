@@ -33,28 +33,30 @@ class ReduceFromShards(torch.autograd.Function):  # g: forward all-reduce, backw
     def backward(ctx, grad):
         return grad
 
-torch.manual_seed(0)
-fc1, fc2 = torch.nn.Linear(32, 128).to(device), torch.nn.Linear(128, 32).to(device)
-x = torch.randn(16, 32, device=device)
-mine = lambda t, dim: t.detach().chunk(world, dim)[rank].clone().requires_grad_()
-w1, b1, w2 = mine(fc1.weight, 0), mine(fc1.bias, 0), mine(fc2.weight, 1)   # fc1 by rows, fc2 by columns
-b2 = fc2.bias.detach().clone().requires_grad_()
-
-def megatron_mlp(x):  # the columns fc1 makes here are exactly the inputs fc2 needs here: no gather between
+def megatron_mlp(x, w1, b1, w2, b2):  # the columns fc1 makes here are exactly the inputs fc2 needs here: no gather
     local = torch.relu(F.linear(CopyToShards.apply(x), w1, b1))
     return ReduceFromShards.apply(F.linear(local, w2)) + b2
 
 def grads(output, leaves):  # the gradients of sum(output · a fixed probe)
-    probe = torch.linspace(-1, 1, output.numel(), device=device).view_as(output)
+    probe = torch.linspace(-1, 1, output.numel(), dtype=output.dtype, device=device).view_as(output)
     return torch.autograd.grad((output * probe).sum(), leaves)
 
-xr, xd = x.clone().requires_grad_(), x.clone().requires_grad_()
-out, dense = megatron_mlp(xr), fc2(torch.relu(fc1(xd)))
-ours = [out, *grads(out, [xr, w1, b1, w2, b2])]
-ref = [dense, *grads(dense, [xd, fc1.weight, fc1.bias, fc2.weight, fc2.bias])]
-ref[2:5] = [ref[2].chunk(world, 0)[rank], ref[3].chunk(world, 0)[rank], ref[4].chunk(world, 1)[rank]]  # our shards
-names = ["output", "grad x", "grad fc1 weight", "grad fc1 bias", "grad fc2 weight", "grad fc2 bias"]
-gaps = {name: (a - b).abs().max().item() for name, a, b in zip(names, ours, ref)}
+torch.manual_seed(0)  # the dense MLP: every rank builds the same one, and the same input (on the CPU)
+fc1, fc2, x = torch.nn.Linear(32, 128), torch.nn.Linear(128, 32), torch.randn(16, 32)
+gaps = {}
+for dtype in (torch.float64, torch.float32):  # the same numbers twice: float64 holds every float32 exactly
+    calls.clear()                             # keep the collectives of the float32 run
+    dense = [t.detach().to(device, dtype).requires_grad_() for t in (x, fc1.weight, fc1.bias, fc2.weight, fc2.bias)]
+    mine = lambda t, dim: t.detach().chunk(world, dim)[rank].clone().requires_grad_()
+    xr, w1, b1, w2 = dense[0].detach().clone().requires_grad_(), mine(dense[1], 0), mine(dense[2], 0), mine(dense[3], 1)
+    b2 = dense[4].detach().clone().requires_grad_()   # fc1 by rows, fc2 by columns, fc2's bias whole
+    out = megatron_mlp(xr, w1, b1, w2, b2)
+    ours = [out, *grads(out, [xr, w1, b1, w2, b2])]
+    yd = F.linear(torch.relu(F.linear(*dense[:3])), *dense[3:])
+    ref = [yd, *grads(yd, dense)]
+    ref[2:5] = [ref[2].chunk(world, 0)[rank], ref[3].chunk(world, 0)[rank], ref[4].chunk(world, 1)[rank]]  # our shards
+    names = ["output", "grad x", "grad fc1 weight", "grad fc1 bias", "grad fc2 weight", "grad fc2 bias"]
+    gaps[str(dtype)[6:]] = {name: (a - b).abs().max().item() for name, a, b in zip(names, ours, ref)}
 report(gaps=gaps, calls=calls)
 dist.destroy_process_group()
 sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)

@@ -23,26 +23,29 @@ class ReduceFromShards(torch.autograd.Function):
     def backward(ctx, grad):
         return grad
 
-torch.manual_seed(0)  # the dense reference: every rank builds the same layer and input
-fc2 = torch.nn.Linear(128, 32).to(device)
-h = torch.randn(16, 128, device=device)
-w2 = fc2.weight.detach().chunk(world, dim=1)[rank].clone().requires_grad_()  # columns = input features
-b2 = fc2.bias.detach().clone().requires_grad_()                              # whole on every rank
-
 def grads(output, leaves):
     """Backpropagate a fixed probe through `output`: the gradients of sum(output · probe)."""
-    probe = torch.linspace(-1, 1, output.numel(), device=device).view_as(output)
+    probe = torch.linspace(-1, 1, output.numel(), dtype=output.dtype, device=device).view_as(output)
     return torch.autograd.grad((output * probe).sum(), leaves)
 
-hr = h.chunk(world, dim=-1)[rank].clone().requires_grad_()   # this rank's quarter of the features
-z = ReduceFromShards.apply(F.linear(hr, w2)) + b2            # the bias is added once, after the sum
-gh, gw2, gb2 = grads(z, [hr, w2, b2])
-hd = h.clone().requires_grad_()
-zd = fc2(hd)
-dh, dw2, db2 = grads(zd, [hd, fc2.weight, fc2.bias])
-gaps = {"output": (z - zd).abs().max().item(), "grad input slice": (gh - dh.chunk(world, -1)[rank]).abs().max().item(),
-        "grad weight shard": (gw2 - dw2.chunk(world, 1)[rank]).abs().max().item(),
-        "grad bias": (gb2 - db2).abs().max().item()}
+torch.manual_seed(0)  # the dense reference: every rank builds the same layer and input (on the CPU, as the notebook)
+fc2, h = torch.nn.Linear(128, 32), torch.randn(16, 128)
+gaps = {}
+for dtype in (torch.float64, torch.float32):  # the same numbers twice: float64 holds every float32 exactly
+    calls.clear()                             # keep the collectives of the float32 run
+    W, b, hd = (t.detach().to(device, dtype) for t in (fc2.weight, fc2.bias, h))
+    w2 = W.chunk(world, dim=1)[rank].clone().requires_grad_()  # columns = input features
+    b2 = b.clone().requires_grad_()                            # whole on every rank
+    hr = hd.chunk(world, dim=-1)[rank].clone().requires_grad_()   # this rank's quarter of the features
+    z = ReduceFromShards.apply(F.linear(hr, w2)) + b2            # the bias is added once, after the sum
+    gh, gw2, gb2 = grads(z, [hr, w2, b2])
+    Wd, bd, hd = (t.clone().requires_grad_() for t in (W, b, hd))
+    zd = F.linear(hd, Wd, bd)
+    dh, dw2, db2 = grads(zd, [hd, Wd, bd])
+    gaps[str(dtype)[6:]] = {"output": (z - zd).abs().max().item(),
+                            "grad input slice": (gh - dh.chunk(world, -1)[rank]).abs().max().item(),
+                            "grad weight shard": (gw2 - dw2.chunk(world, 1)[rank]).abs().max().item(),
+                            "grad bias": (gb2 - db2).abs().max().item()}
 report(gaps=gaps, calls=calls, weight_shape=list(w2.shape))
 dist.destroy_process_group()
 sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)

@@ -13,6 +13,7 @@ device = cards.device(int(os.environ["LOCAL_RANK"]))
 if cards.kind == "cuda":
     torch.cuda.set_device(device)
 mesh = init_device_mesh(cards.kind, (world,))          # the four cards as a one-dimensional mesh
+DTYPE = torch.float64 if "--float64" in sys.argv else torch.float32   # --float64: the same run, rounded far finer
 
 calls = []                                             # (collective, bytes of the whole tensor), per call
 class CountedAllGather(DefaultAllGather):              # FSDP2's own collectives, counted on the way
@@ -29,7 +30,7 @@ def counted_all_reduce(state, bucket):                 # a DDP communication hoo
 
 def make():                                            # the same model from the same seed, each time
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 16)).to(device)
+    return nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 16)).to(device, DTYPE)
 models = {"one card": make(), "DDP": DDP(make()), "FSDP2": make()}
 models["DDP"].register_comm_hook(None, counted_all_reduce)
 for layer in models["FSDP2"]:
@@ -41,7 +42,7 @@ fully_shard(models["FSDP2"], mesh=mesh)
 optimizers = {name: torch.optim.Adam(model.parameters(), lr=1e-2) for name, model in models.items()}
 data, sent = torch.Generator().manual_seed(0), {}       # the same global batches on every rank
 for step in range(3):
-    x, y = torch.randn(32, 64, generator=data).to(device), torch.randn(32, 16, generator=data).to(device)
+    x, y = torch.randn(32, 64, generator=data).to(device, DTYPE), torch.randn(32, 16, generator=data).to(device, DTYPE)
     mine = slice(rank * 8, rank * 8 + 8)               # this rank's quarter of the batch
     for name, model in models.items():
         calls.clear()

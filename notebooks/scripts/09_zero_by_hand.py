@@ -21,7 +21,7 @@ def adam(master, grad, m, v, t, lr=1e-2, b1=0.9, b2=0.999, eps=1e-8):   # as in 
 def held(*tensors):                                   # bytes of distinct storages
     return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
 
-out, init = {}, torch.randn(P, generator=torch.Generator().manual_seed(0)).to(device) * 0.05   # one start for all
+out, same, init = {}, {}, torch.randn(P, generator=torch.Generator().manual_seed(0)).to(device) * 0.05   # one start for all
 for stage in (0, 1, 2, 3):                            # stage 0: plain DDP
     master = m = v = params = grad = None             # free the last stage's tensors, then measure
     base = torch.cuda.memory_allocated() if cards.kind == "cuda" else 0
@@ -41,6 +41,8 @@ for stage in (0, 1, 2, 3):                            # stage 0: plain DDP
         if stage >= 2:                                # only this rank's quarter of the sum
             grad, whole_grad = torch.empty(P // world, dtype=grad.dtype, device=device), grad
             dist.reduce_scatter_single(grad, whole_grad)
+            dist.all_reduce(whole_grad)               # DDP's sum of the same gradients: did both add alike, bit for bit?
+            same[stage] = same.get(stage, True) and torch.equal(grad, whole_grad[mine])
             del whole_grad
         else:
             dist.all_reduce(grad)
@@ -56,6 +58,6 @@ for stage in (0, 1, 2, 3):                            # stage 0: plain DDP
     dist.all_gather_single(weights, master) if stage else weights.copy_(master)
     out[stage] = (kept, weights)
 report(P=P, bytes={s: kept for s, (kept, _) in out.items()}, moved=(out[0][1] - init).abs().max().item(),
-       gap_to_ddp={s: (w - out[0][1]).abs().max().item() for s, (_, w) in out.items()})
+       gap_to_ddp={s: (w - out[0][1]).abs().max().item() for s, (_, w) in out.items()}, same_sums=same)
 dist.destroy_process_group()
 sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)

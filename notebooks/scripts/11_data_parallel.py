@@ -4,13 +4,15 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
-from comm_meter import CountBytes, accuracy, clock, model_state_bytes, peak_memory
+from comm_meter import CountBytes, accuracy, clock, flat_weights, model_state_bytes, peak_memory
 from fourcard_helpers import detect, load_mnist, report
 from fourcard_helpers.models import MnistCNN
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=8)   # measured steps (after 2 warm-up steps), 64 digits each
-STEPS, GLOBAL_BATCH, LR = parser.parse_args().steps, 64, 3e-3
+parser.add_argument("--dtype", default="float32")      # float64: the same training, rounded far finer (section 1)
+args = parser.parse_args()
+STEPS, GLOBAL_BATCH, LR, DTYPE = args.steps, 64, 3e-3, getattr(torch, args.dtype)
 cards = detect(int(os.environ["WORLD_SIZE"]))
 dist.init_process_group(cards.backend)
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -25,7 +27,7 @@ for strategy in ("single card", "DDP", "DDP, no_sync ×2", "FSDP2"):
     micro = 2 if "no_sync" in strategy else 1           # micro-batches per optimizer step
     if rank < n:
         torch.manual_seed(0)                            # the same initial weights everywhere
-        model = MnistCNN().to(device)
+        model = MnistCNN().to(device, DTYPE)
         if strategy.startswith("DDP"):
             model = DDP(model, device_ids=[device.index] if cards.kind == "cuda" else None)
         elif strategy == "FSDP2":
@@ -45,7 +47,7 @@ for strategy in ("single card", "DDP", "DDP, no_sync ×2", "FSDP2"):
                 last = i % micro == micro - 1
                 quiet = model.no_sync() if micro > 1 and not last else nullcontext()
                 with quiet:                             # no_sync: keep the gradient, skip the all-reduce
-                    (F.cross_entropy(model(x.to(device)), y.to(device)) / micro).backward()
+                    (F.cross_entropy(model(x.to(device, DTYPE)), y.to(device)) / micro).backward()
                 fed += len(x)
                 if last:
                     optimizer.step()
@@ -53,7 +55,7 @@ for strategy in ("single card", "DDP", "DDP, no_sync ×2", "FSDP2"):
         seconds = clock(device) - started
         result = dict(cards=n, samples=fed, samples_per_s=STEPS * GLOBAL_BATCH / seconds, warmup=warm,
                       bytes_per_step=counter.bytes / STEPS, messages_per_step=counter.calls / STEPS,
-                      state_bytes=model_state_bytes(list(model.parameters()), optimizer),
+                      state_bytes=model_state_bytes(list(model.parameters()), optimizer), weights=flat_weights(model, rank == 0),
                       peak_memory=peak_memory(device), accuracy=accuracy(model, test_set, device))
         report(**{strategy: result})
         if rank == 0:

@@ -1,13 +1,15 @@
 import argparse, itertools, os, time, torch, torch.distributed as dist, torch.nn.functional as F, sys
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 from torch.utils.data import DataLoader, DistributedSampler
-from comm_meter import CountBytes, accuracy, clock, model_state_bytes, peak_memory
+from comm_meter import CountBytes, accuracy, clock, flat_weights, model_state_bytes, peak_memory
 from fourcard_helpers import detect, load_mnist, report
 from fourcard_helpers.models import MnistCNN
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=8)   # measured steps (after 2 warm-up steps), 64 digits each
-STEPS, GLOBAL_BATCH, LR, MICRO_BATCHES = parser.parse_args().steps, 64, 3e-3, 4
+parser.add_argument("--dtype", default="float32")      # float64: the same training, rounded far finer (section 1)
+args = parser.parse_args()
+STEPS, GLOBAL_BATCH, LR, MICRO_BATCHES, DTYPE = args.steps, 64, 3e-3, 4, getattr(torch, args.dtype)
 CUTS = [0, 3, 6, 9, 10]  # card r runs layers CUTS[r]:CUTS[r+1] of the model as nn.Sequential
 cards = detect(int(os.environ["WORLD_SIZE"]))
 dist.init_process_group(cards.backend)
@@ -18,7 +20,7 @@ if cards.kind == "cuda":
 train_set, test_set = load_mnist("train"), load_mnist("test")
 
 torch.manual_seed(0)                                  # every card builds the whole model...
-layers = MnistCNN().as_sequential().to(device)
+layers = MnistCNN().as_sequential().to(device, DTYPE)
 part = layers[CUTS[rank]:CUTS[rank + 1]]              # ...and trains only its own stage
 stage = PipelineStage(part, rank, world, device)
 schedule = Schedule1F1B(stage, n_microbatches=MICRO_BATCHES, loss_fn=F.cross_entropy)
@@ -33,7 +35,7 @@ with counter:
         if step == 2:                                 # steps 0 and 1 warm up: not timed, not counted
             warm, started = counter.reset(), clock(device)
         if rank == 0:
-            schedule.step(x.to(device))
+            schedule.step(x.to(device, DTYPE))
             fed += len(x)
         elif rank == world - 1:
             schedule.step(target=y.to(device))
@@ -49,7 +51,8 @@ for owner in range(world):
         dist.broadcast(p.data, src=owner)
 result = dict(cards=world, samples=fed, samples_per_s=STEPS * GLOBAL_BATCH / seconds, warmup=warm,
               bytes_per_step=counter.bytes / STEPS, messages_per_step=counter.calls / STEPS,
-              state_bytes=state, peak_memory=peak_memory(device), accuracy=accuracy(layers, test_set, device))
+              state_bytes=state, peak_memory=peak_memory(device), accuracy=accuracy(layers, test_set, device),
+              weights=flat_weights(layers, rank == 0))
 report(**{"pipeline 1F1B": result})
 if rank == 0:
     print(f"pipeline 1F1B    {result['samples_per_s']:5.0f} samples/s, accuracy {result['accuracy']:.1%}", flush=True)

@@ -3,13 +3,15 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.utils.data import DataLoader, DistributedSampler
-from comm_meter import CountBytes, accuracy, clock, model_state_bytes, peak_memory
+from comm_meter import CountBytes, accuracy, clock, flat_weights, model_state_bytes, peak_memory
 from fourcard_helpers import detect, load_mnist, report
 from fourcard_helpers.models import MnistCNN
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=8)   # measured steps (after 2 warm-up steps), 64 digits each
-STEPS, GLOBAL_BATCH, LR = parser.parse_args().steps, 64, 3e-3
+parser.add_argument("--dtype", default="float32")      # float64: the same training, rounded far finer (section 1)
+args = parser.parse_args()
+STEPS, GLOBAL_BATCH, LR, DTYPE = args.steps, 64, 3e-3, getattr(torch, args.dtype)
 cards = detect(int(os.environ["WORLD_SIZE"]))
 dist.init_process_group(cards.backend)
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -22,7 +24,7 @@ for strategy, shape in (("tensor parallel", (1, world)), ("2×2: data × tensor"
     mesh = init_device_mesh(cards.kind, shape, mesh_dim_names=("dp", "tp"))
     dp, dp_rank = mesh["dp"].get_group(), mesh["dp"].get_local_rank()
     torch.manual_seed(0)
-    model = MnistCNN().to(device)                   # fc1 split by columns, fc2 by rows (lesson 08);
+    model = MnistCNN().to(device, DTYPE)            # fc1 split by columns, fc2 by rows (lesson 08);
     # fc1's 50 outputs do not split evenly over 4 cards (torch.chunk: 13, 13, 13, 11): keep its output
     # a DTensor, which knows the true global shape, rather than a plain local tensor fc2 would guess from.
     plan = {"fc1": ColwiseParallel(use_local_output=False), "fc2": RowwiseParallel()}
@@ -38,7 +40,7 @@ for strategy, shape in (("tensor parallel", (1, world)), ("2×2: data × tensor"
         for step, (x, y) in enumerate(itertools.islice(loader, STEPS + 2)):
             if step == 2:                               # steps 0 and 1 warm up: not timed, not counted
                 warm, started = counter.reset(), clock(device)
-            F.cross_entropy(model(x.to(device)), y.to(device)).backward()
+            F.cross_entropy(model(x.to(device, DTYPE)), y.to(device)).backward()
             fed += len(x) if first_of_group else 0
             if shape[0] > 1:                        # data parallel across groups: average gradients
                 for p in model.parameters():
@@ -49,11 +51,12 @@ for strategy, shape in (("tensor parallel", (1, world)), ("2×2: data × tensor"
             optimizer.zero_grad()
     seconds = clock(device) - started
     state = model_state_bytes(list(model.parameters()), optimizer)
-    full = MnistCNN().to(device)                    # gather the shards into a plain model to test it
+    full = MnistCNN().to(device, DTYPE)             # gather the shards into a plain model to test it
     full.load_state_dict({k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in model.state_dict().items()})
     result = dict(cards=world, samples=fed, samples_per_s=STEPS * GLOBAL_BATCH / seconds, warmup=warm,
                   bytes_per_step=counter.bytes / STEPS, messages_per_step=counter.calls / STEPS,
-                  state_bytes=state, peak_memory=peak_memory(device), accuracy=accuracy(full, test_set, device))
+                  state_bytes=state, peak_memory=peak_memory(device), accuracy=accuracy(full, test_set, device),
+                  weights=flat_weights(full, rank == 0))
     report(**{strategy: result})
     if rank == 0:
         print(f"{strategy:18} {result['samples_per_s']:5.0f} samples/s, accuracy {result['accuracy']:.1%}", flush=True)

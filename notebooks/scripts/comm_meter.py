@@ -1,4 +1,4 @@
-"""Lesson 11's measuring instruments: bytes sent, model state held, a clock, accuracy.
+"""Lesson 11's measuring instruments: bytes sent, model state held, a clock, the weights, accuracy.
 
 Written by a cell of 11_capstone.ipynb (edit the notebook, not this file).
 """
@@ -82,10 +82,18 @@ def peak_memory(device: torch.device) -> int | None:
     return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
 
 
+def flat_weights(model: torch.nn.Module, keep: bool = True) -> torch.Tensor | None:
+    """All the model's weights as one vector, sharded ones gathered (so every rank must call it, even those
+    with keep=False, which get None: the ranks that need not report them)."""
+    whole = [p.full_tensor() if isinstance(p, DTensor) else p for p in model.parameters()]
+    return torch.cat([p.detach().flatten().cpu() for p in whole]) if keep else None
+
+
 @torch.no_grad()
 def accuracy(model: torch.nn.Module, test_set, device: torch.device) -> float:
     """Fraction of the test set the model classifies right (every rank tests the whole set)."""
     model.eval()
     images, labels = test_set.tensors
-    predicted = torch.cat([model(x.to(device)).argmax(1).cpu() for x in images.split(500)])
+    dtype = next(model.parameters()).dtype  # the digits in the model's precision (float32, or float64)
+    predicted = torch.cat([model(x.to(device, dtype)).argmax(1).cpu() for x in images.split(500)])
     return (predicted == labels).float().mean().item()
