@@ -23,6 +23,7 @@ def gloo_threads():
 
 
 dist.init_process_group("gloo")  # gloo on every machine: its threads are what this launch looks at
+rank = dist.get_rank()
 threads = {}
 second = dist.new_group()                        # a second group: gloo starts threads for it too
 dist.all_reduce(torch.ones(1), group=second)
@@ -39,5 +40,6 @@ threads["all destroyed"] = gloo_threads()
 del model
 gc.collect()
 threads["DDP deleted too"] = gloo_threads()
+print(f"rank {rank}: {len(threads['DDP deleted too'])} gloo threads still run after destroy_process_group() and del model")
 report(threads=threads, holders=holders)
 sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
