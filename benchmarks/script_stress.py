@@ -7,7 +7,7 @@ tests/test_scripts.py, which CI runs in a short form) and prints, per script, th
 what they looked like:
 
 * `exit abort`: a rank printed its last line, then died by SIGABRT while the process ended
-  ("terminate called without an active exception"; lesson 05, "Ending a rank");
+  ("terminate called without an active exception"; lesson 00, "How a rank ends");
 * `store lost`: an agent lost its connection to the rendezvous store (two-agent launches);
 * `exit barrier`: an agent waited at torchrun's exit barrier for an agent that never came;
 * `timeout`: the launch ran past its cell's timeout;
@@ -81,6 +81,7 @@ def main() -> None:
     try:
         for script, nproc, nnodes, timeout, staged in launches:
             seen: Counter[str] = Counter()
+            script_started = time.time()
             for _ in range(args.runs):
                 codes, text = run_with_plain_torchrun(script, nproc, nnodes, timeout, env)
                 failed = any(codes) if not staged else not any(code for code in codes if code is not None)
@@ -89,9 +90,12 @@ def main() -> None:
                     (args.keep / f"{Path(script).stem}.{sum(seen.values()) + 1}.log").write_text(text, encoding="utf-8")
                 if failed:
                     seen["succeeded (staged failure)" if staged else signature(text, codes)] += 1
-            results[script] = {"runs": args.runs, "failures": sum(seen.values()), "signatures": dict(seen)}
+            seconds = (time.time() - script_started) / args.runs
+            results[script] = {"runs": args.runs, "failures": sum(seen.values()), "signatures": dict(seen),
+                               "seconds_per_run": round(seconds, 1)}
             shown = ", ".join(f"{name} ×{count}" for name, count in seen.items())
-            print(f"{script:40} {sum(seen.values()):3} of {args.runs} failed  {shown}", flush=True)
+            print(f"{script:40} {sum(seen.values()):3} of {args.runs} failed  {seconds:5.1f} s a run  {shown}",
+                  flush=True)
     finally:
         for proc in busy:
             proc.terminate()

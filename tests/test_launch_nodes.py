@@ -73,8 +73,8 @@ def test_timeout_stops_both_nodes(tmp_path: Path) -> None:
             dist.barrier()  # waits forever: the others never call it
         time.sleep(600)
     """)
-    with pytest.raises(LaunchError, match="timeout of 30 s"):
-        torchrun(path, nproc=2, nnodes=2, timeout=30, echo=False)
+    with pytest.raises(LaunchError, match="timeout of 12 s"):
+        torchrun(path, nproc=2, nnodes=2, timeout=12, echo=False)
     assert_nothing_left()
 
 

@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -94,16 +95,39 @@ def run_with_plain_torchrun(script: str, nproc: int, nnodes: int, timeout: float
 RUNS = 3  # launches per script: exit-time races showed in a few percent of single runs (benchmarks/script_stress.py)
 
 
+@pytest.fixture(scope="module")
+def run_temp_dirs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """A temporary folder for each of the RUNS side-by-side runs, kept for the whole module: scripts
+    keep their checkpoints in the temporary folder (05's recipe and its evaluation, 12's FSDP save
+    and load), so run N of one script finds what run N of the one before it left, and runs started
+    side by side do not overwrite each other's files, as on a machine shared by several learners."""
+    return [tmp_path_factory.mktemp(f"run{run}") for run in range(1, RUNS + 1)]
+
+
 @pytest.mark.parametrize("script, nproc, nnodes, timeout, fails", shipped_launches(), ids=lambda v: str(v))
-def test_script_runs_with_plain_torchrun(script: str, nproc: int, nnodes: int, timeout: float, fails: bool) -> None:
-    for run in range(1, (1 if fails else RUNS) + 1):  # a staged failure fails by design: once is enough
-        codes, text = run_with_plain_torchrun(script, nproc, nnodes, timeout)
+def test_script_runs_with_plain_torchrun(script: str, nproc: int, nnodes: int, timeout: float, fails: bool,
+                                         run_temp_dirs: list[Path]) -> None:
+    """RUNS launches of each script, started side by side: each run also meets a machine busy with the
+    others (the conditions under which exit races showed), and the three take about two thirds of the
+    time of three in a row. A staged failure fails by design: once is enough. Launches of several agents
+    run one after another, because their rendezvous port is chosen before the agents start."""
+    runs = 1 if fails else RUNS
+
+    def launch(run: int) -> tuple[list[int | None], str]:
+        return run_with_plain_torchrun(script, nproc, nnodes, timeout, {"TMPDIR": str(run_temp_dirs[run])})
+
+    if nnodes == 1:
+        with ThreadPoolExecutor(runs) as pool:
+            results = list(pool.map(launch, range(runs)))
+    else:
+        results = [launch(run) for run in range(runs)]
+    for run, (codes, text) in enumerate(results, start=1):
         if None in codes:
             pytest.fail(f"{script} (run {run}) did not end within {timeout + 60:g} s:\n{text[-3000:]}")
         if fails:
             assert any(codes), f"{script} is a staged failure but succeeded:\n{text[-3000:]}"
         else:
-            assert codes == [0] * nnodes, f"{script} failed under plain torchrun (run {run} of {RUNS}):\n{text[-3000:]}"
+            assert codes == [0] * nnodes, f"{script} failed under plain torchrun (run {run} of {runs}):\n{text[-3000:]}"
 
 
 def fully_shard_calls_without_mesh(text: str) -> list[str]:
