@@ -179,7 +179,10 @@ def test_two_launches_at_once(tmp_path: Path) -> None:
 
 
 KERNEL = """
+import signal
 import sys
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as ipykernel does while a cell runs: a
+# process started with SIGINT ignored (a background job of a shell) would otherwise ignore the stop button
 from fourcard_helpers.launch import torchrun
 try:
     torchrun(sys.argv[1], nproc=4, timeout=300)

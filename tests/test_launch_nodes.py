@@ -79,7 +79,10 @@ def test_timeout_stops_both_nodes(tmp_path: Path) -> None:
 
 
 KERNEL = """
+import signal
 import sys
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as ipykernel does while a cell runs: a
+# process started with SIGINT ignored (a background job of a shell) would otherwise ignore the stop button
 from fourcard_helpers.launch import torchrun
 torchrun(sys.argv[1], nproc=2, nnodes=2, timeout=300)
 """
