@@ -54,6 +54,7 @@ def test_each_variable_of_the_other_rounding_takes_effect() -> None:
 
 
 SIDE_BY_SIDE = 2  # notebooks run at once: a lesson's launches leave a core idle about a third of the time
+Runs = dict[Path, "Future[subprocess.CompletedProcess[str]]"]  # each selected notebook's run, as it goes
 
 
 def run_under_another_rounding(notebook: Path) -> subprocess.CompletedProcess[str]:
@@ -67,19 +68,18 @@ def run_under_another_rounding(notebook: Path) -> subprocess.CompletedProcess[st
 
 
 @pytest.fixture(scope="module")
-def runs_under_another_rounding(request: pytest.FixtureRequest) -> Iterator[dict[Path, Future[subprocess.CompletedProcess[str]]]]:
+def runs_under_another_rounding(request: pytest.FixtureRequest) -> Iterator[Runs]:
     """The run of every notebook whose test was selected, SIDE_BY_SIDE at a time from when the first test
     asks: each also meets a machine busy with another lesson, which no check of a lesson may mind (no
     assert is decided by speed)."""
     selected = [item.callspec.params["notebook"] for item in request.session.items
-                if item.module is request.module and "notebook" in getattr(getattr(item, "callspec", None), "params", {})]
+                if item.module is request.module and hasattr(item, "callspec")]
     with ThreadPoolExecutor(SIDE_BY_SIDE) as pool:
         yield {notebook: pool.submit(run_under_another_rounding, notebook) for notebook in selected}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda path: path.stem)
-def test_the_notebook_passes_under_another_rounding(
-        notebook: Path, runs_under_another_rounding: dict[Path, Future[subprocess.CompletedProcess[str]]]) -> None:
+def test_the_notebook_passes_under_another_rounding(notebook: Path, runs_under_another_rounding: Runs) -> None:
     done = runs_under_another_rounding[notebook].result()
     assert done.returncode == 0, f"{notebook.name} under {ANOTHER_ROUNDING}:\n{done.stdout[-4000:]}"
