@@ -72,8 +72,8 @@ def runs_under_another_rounding(request: pytest.FixtureRequest) -> Iterator[Runs
     """The run of every notebook whose test was selected, SIDE_BY_SIDE at a time from when the first test
     asks: each also meets a machine busy with another lesson, which no check of a lesson may mind (no
     assert is decided by speed)."""
-    selected = [item.callspec.params["notebook"] for item in request.session.items
-                if item.module is request.module and hasattr(item, "callspec")]
+    selected = [item.callspec.params["notebook"] for item in request.session.items  # nbval's cells too
+                if isinstance(item, pytest.Function) and item.module is request.module and hasattr(item, "callspec")]
     with ThreadPoolExecutor(SIDE_BY_SIDE) as pool:
         yield {notebook: pool.submit(run_under_another_rounding, notebook) for notebook in selected}
 
