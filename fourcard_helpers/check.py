@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-_checking_reference = False  # True while a %%solution cell runs: exercise() says so
+_reference_verdicts: list[str] | None = None  # while a %%solution cell runs: exercise() records its verdict here
 
 
 class CheckFailed(AssertionError):
@@ -60,10 +60,10 @@ def exercise(name: str, test: Callable[[], Any]) -> None:
     NotImplementedError means "not attempted yet" and is not an error; a wrong answer
     raises CheckFailed, so a notebook run top to bottom stops on it.
     """
-    if _checking_reference:
+    if _reference_verdicts is not None:
         test()  # a reference solution that fails its own check is a bug in the lesson: raise
-        print(f"✓ {name}: the reference solution passes this check. Your own answer above is "
-              "untouched; click this cell's margin to read the solution.")
+        _reference_verdicts.append(f"✓ {name}: the reference solution passes this check. Your own answer above "
+                                   "is untouched; click this cell's margin to read the solution.")
         return
     try:
         test()
@@ -77,11 +77,12 @@ def exercise(name: str, test: Callable[[], Any]) -> None:
 
 
 @contextmanager
-def reference_solution() -> Iterator[None]:
-    """While active, `exercise()` checks a reference solution rather than the learner's answer."""
-    global _checking_reference
-    before, _checking_reference = _checking_reference, True
+def reference_solution() -> Iterator[list[str]]:
+    """While active, `exercise()` checks a reference solution rather than the learner's answer,
+    and collects its verdicts in the yielded list instead of printing them."""
+    global _reference_verdicts
+    before, _reference_verdicts = _reference_verdicts, []
     try:
-        yield
+        yield _reference_verdicts
     finally:
-        _checking_reference = before
+        _reference_verdicts = before

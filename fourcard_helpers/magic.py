@@ -18,6 +18,8 @@ definitions stay as the learner wrote them.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import itertools
 import linecache
 import shlex
@@ -75,7 +77,8 @@ class TorchrunMagics(Magics):
 
         The cell runs in a shallow copy of the notebook's namespace: functions and variables
         it defines vanish with the copy (objects it mutates in place are shared, so a
-        solution should not mutate what the lesson uses later).
+        solution should not mutate what the lesson uses later). Only the check's verdict is
+        shown: what the solution prints stays hidden unless it fails.
         """
         namespace = dict(self.shell.user_ns)
         code = self.shell.transform_cell(cell)  # magics inside the solution still work
@@ -83,8 +86,16 @@ class TorchrunMagics(Magics):
         # defines (a check may copy a solution's function into a four-rank script).
         filename = f"<solution-{next(_solution_numbers)}>"
         linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
-        with check.reference_solution():
-            exec(compile(code, filename, "exec"), namespace)  # noqa: S102 - the lesson's own cell
+        # What the solution prints (its numbers, a launch's output) would give the answer away in the
+        # stored outputs of Run All: it is shown only if the solution fails, with the error.
+        printed = io.StringIO()
+        try:
+            with check.reference_solution() as verdicts, contextlib.redirect_stdout(printed):
+                exec(compile(code, filename, "exec"), namespace)  # noqa: S102 - the lesson's own cell
+        except BaseException:
+            print(printed.getvalue(), end="")
+            raise
+        print("\n".join(verdicts))
 
 
 def _show_error(shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: int | None = None) -> list[str]:

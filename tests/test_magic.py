@@ -68,6 +68,19 @@ def test_solution_checks_the_reference_without_touching_the_learners_names(
     assert "helper" not in shell.user_ns
 
 
+def test_a_solution_shows_its_verdict_and_hides_what_it_prints(
+        shell: InteractiveShell, capsys: pytest.CaptureFixture[str]) -> None:
+    """Run All stores every output: a solution's own prints would give the answer away."""
+    outcome = shell.run_cell("%%solution\nfrom fourcard_helpers import check\nprint('the answer is 63')\n"
+                             "check.exercise('steps', lambda: check.equal(63, 63))")
+    shown = capsys.readouterr().out
+    assert outcome.success and "reference solution passes" in shown and "63" not in shown
+    failed = shell.run_cell("%%solution\nfrom fourcard_helpers import check\nprint('the answer is 62')\n"
+                            "check.exercise('steps', lambda: check.equal(62, 63))")
+    assert type(failed.error_in_exec).__name__ == "CheckFailed"
+    assert "the answer is 62" in capsys.readouterr().out  # a failing solution shows everything, to be fixed
+
+
 def test_a_wrong_reference_solution_fails_the_cell(shell: InteractiveShell) -> None:
     outcome = shell.run_cell("%%solution\nfrom fourcard_helpers import check\n"
                              "check.exercise('triple', lambda: check.equal(2 * 3, 7))")

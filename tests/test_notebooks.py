@@ -69,7 +69,9 @@ def test_run_all_leaves_the_learners_attempt_alone(path: Path) -> None:
         if cell["cell_type"] == "code" and "check.exercise(" in text and not text.startswith("%%solution"):
             assert "not attempted" in output_text(cell), f"a check ran a solution, not the learner's stub:\n{text[:200]}"
         if cell["cell_type"] == "code" and text.startswith("%%solution"):
-            assert "reference solution passes" in output_text(cell), text[:200]
+            shown = [line for line in output_text(cell).splitlines() if line.strip()]
+            assert shown and all(line.startswith("✓ ") and "reference solution passes" in line for line in shown), \
+                f"a solution's stored output must be its verdict alone, no answer:\n{shown}"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
