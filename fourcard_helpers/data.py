@@ -264,8 +264,11 @@ class RandomShiftDataset(Dataset):
 def seed_worker(worker_id: int) -> None:
     """`worker_init_fn` that gives a dataset's own numpy Generator a seed of its worker's own.
 
-    Inside a worker, `torch.initial_seed()` is the loader's base seed plus the worker id, so
-    it differs per worker, per epoch, and (given a per-rank loader generator) per rank.
+    Inside a worker, `torch.initial_seed()` is the base seed the loader drew from its generator
+    when it started its workers, plus the worker id: it differs per worker and (given a per-rank
+    loader generator) per rank. Workers that are not persistent start again every epoch with a
+    new base seed; persistent workers are seeded once and their generator runs on, so every
+    epoch still draws new numbers.
     """
     info = get_worker_info()
     if info is not None and getattr(info.dataset, "rng", None) is not None:
