@@ -1,13 +1,10 @@
 """Pipeline schedules of lesson 07: orders, logical timeline, bubble and memory."""
-import ast
-import inspect
 import json
 from fractions import Fraction
 from pathlib import Path
 
 import pytest
 
-from fourcard_helpers import schedules
 from fourcard_helpers.schedules import idle_fraction, peak_in_flight, pipeline_order, simulate_pipeline
 
 
@@ -46,18 +43,6 @@ NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "07_model_and_
 def notebook_sources() -> list[str]:
     return ["".join(cell["source"]) for cell in json.loads(NOTEBOOK.read_text(encoding="utf-8"))["cells"]
             if cell["cell_type"] == "code"]
-
-
-def test_lesson_and_package_define_the_same_pipeline_order():
-    """Lesson 07 teaches pipeline_order in a cell; its scripts import the package copy. They must not drift."""
-    for text in notebook_sources():
-        tree = ast.parse("\n".join(line for line in text.splitlines() if not line.startswith("%")))
-        for node in tree.body:
-            if isinstance(node, ast.FunctionDef) and node.name == "pipeline_order":
-                lines = text.splitlines()[node.lineno - 1 - (node.decorator_list != []):node.end_lineno]
-                assert "\n".join(lines) + "\n" == inspect.getsource(schedules.pipeline_order)
-                return
-    pytest.fail("lesson 07 no longer defines pipeline_order in a cell")
 
 
 def test_the_step_module_the_scripts_import_is_the_lessons_cell():
