@@ -56,6 +56,7 @@ from .worker import shorten_paths
 SESSION_ENV = "FOURCARD_RANKS_SESSION"  # marks this session's processes, to stop every one of them
 POLL_SECONDS = 0.05  # how often a waiting cell checks that every rank is still there
 GRACE_SECONDS = 3.0  # how long torchrun and the controller get to stop before SIGKILL
+VERDICT_SECONDS = 60.0  # at most how long to wait for torchrun's summary of which rank failed first
 FAIL_FAST_SECONDS = 15.0  # after a rank raised, how long the others get to finish the cell: long enough
 # for a slow rank on a busy machine; a rank stuck in a collective the raising rank never reached is
 # stopped after it (nothing can free it)
@@ -309,9 +310,15 @@ class RankSession:
             self.lost = "the ipyparallel controller exited"
         gone = sorted(rank for rank, pid in self.pids.items() if not _alive(pid))
         if self.torchrun_proc and self.torchrun_proc.poll() is not None or gone:
-            # Ranks are polled more often than torchrun polls them, so the first rank seen gone
-            # is the one that died; torchrun then stops the others (its summary, with exit codes,
-            # comes only after they are all down).
+            # One rank gone while the others live is the one that died. Several gone at once:
+            # torchrun noticed first and stopped the rest, so only its summary, written when it
+            # exits, can say which rank failed first. Wait for it (torchrun exits once its ranks
+            # are down; the bound is only a backstop).
+            if len(gone) > 1 and self.torchrun_proc and self.torchrun_proc.poll() is None:
+                try:
+                    self.torchrun_proc.wait(VERDICT_SECONDS)
+                except subprocess.TimeoutExpired:
+                    pass
             blamed = self._root_cause()
             if blamed is not None:
                 self.lost = f"rank {blamed[0]} of {self.nproc} was lost (exit code {blamed[1]})"

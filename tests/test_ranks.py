@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from fourcard_helpers import RankSession, RankSessionError, leftover_processes
+from fourcard_helpers import ranks as ranks_module
 
 
 def test_cells_run_on_every_rank_and_values_come_back_by_rank() -> None:
@@ -76,11 +77,19 @@ def test_a_rank_that_raises_before_a_collective_does_not_hang_the_others() -> No
     assert leftover_processes() == []
 
 
-def test_a_session_that_lost_a_rank_says_so_and_a_new_one_starts() -> None:
+@pytest.mark.parametrize("poll_seconds, then", [
+    (ranks_module.POLL_SECONDS, "dist.barrier()"),  # rank 0 waits in a collective, which fails when rank 1 dies
+    (3.0, "import time\ntime.sleep(0.5)\nos._exit(0)"),  # rank 0 ends too, before the session looks
+], ids=["collective", "both gone when the session looks"])
+def test_a_session_that_lost_a_rank_says_so_and_a_new_one_starts(
+        poll_seconds: float, then: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rank that died is named, also when the other rank is gone too by the time the session
+    looks (in CI, torchrun stopped it first on a busy machine): torchrun's summary says which failed."""
+    monkeypatch.setattr(ranks_module, "POLL_SECONDS", poll_seconds)
     ranks = RankSession(2, timeout=600, echo=False)
     try:
         with pytest.raises(RankSessionError, match=r"rank 1 of 2 was lost"):
-            ranks.run("import os\nif rank == 1:\n    os._exit(3)\ndist.barrier()")
+            ranks.run("import os\nif rank == 1:\n    os._exit(3)\n" + then)
         assert ranks.processes() == [] and leftover_processes() == []
     finally:
         ranks.close()
