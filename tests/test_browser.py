@@ -27,6 +27,8 @@ from typing import Any, Iterator
 
 import pytest
 
+pytestmark = pytest.mark.slow  # every test here starts ranks, a kernel or a browser: not in the fast tier
+
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "tests" / "artifacts"
 CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)

@@ -38,6 +38,7 @@ def launch(body: str, nproc: int = 2):
     return result.warnings
 
 
+@pytest.mark.slow
 def test_the_seed_articles_case_study_unchanged_is_caught() -> None:
     warnings = launch(PRELUDE + """
 model = nn.Linear(8, 3)  # no process group, no DDP: the article's script, run on four cards
@@ -70,6 +71,7 @@ optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     assert len(warnings) == 1 and warnings[0].startswith("the ranks joined a process group but ran no collective")
 
 
+@pytest.mark.slow
 def test_a_correct_ddp_script_gets_no_warning() -> None:
     warnings = launch(DDP_START + """
 loader = DataLoader(data, batch_size=50, sampler=DistributedSampler(data, drop_last=True))
@@ -107,6 +109,7 @@ dist.destroy_process_group()
     assert len(warnings) == 1 and warnings[0].startswith("ranks [0, 1] all wrote checkpoint.pt with torch.save")
 
 
+@pytest.mark.slow
 def test_an_uncombined_evaluation_on_a_padded_sampler_is_caught() -> None:
     warnings = launch(DDP_START + """
 test = DataLoader(data, batch_size=50, sampler=DistributedSampler(data, shuffle=False))
@@ -118,6 +121,7 @@ dist.destroy_process_group()
     assert len(warnings) == 1 and "pads 250 samples with 2 repeats" in warnings[0]
 
 
+@pytest.mark.slow
 def test_every_rank_training_on_the_same_batches_is_caught() -> None:
     warnings = launch(DDP_START + """
 torch.manual_seed(1)  # the same shuffle on every rank, and no DistributedSampler
@@ -126,6 +130,7 @@ loader = DataLoader(data, batch_size=50, shuffle=True)
     assert len(warnings) == 1 and warnings[0].startswith("all 2 ranks trained on the same first batch")
 
 
+@pytest.mark.slow
 def test_fsdp_pipeline_and_tensor_parallel_scripts_get_no_warning() -> None:
     fsdp = PRELUDE + """
 from torch.distributed.fsdp import fully_shard
@@ -178,6 +183,7 @@ dist.destroy_process_group()
         assert launch(script) == [], script[-300:]
 
 
+@pytest.mark.slow
 def test_the_doctor_can_be_switched_off() -> None:
     body = PRELUDE + "model = nn.Linear(8, 3)\nloader = DataLoader(data, batch_size=64, shuffle=True)\n" \
         "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n" + TRAIN.format(set_epoch="")

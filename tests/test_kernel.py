@@ -16,6 +16,8 @@ from jupyter_client import KernelManager
 
 from fourcard_helpers.launch import leftover_processes
 
+pytestmark = pytest.mark.slow  # every test here starts ranks, a kernel or a browser: not in the fast tier
+
 CELL = """%%torchrun -n 4 --timeout 300
 import time
 print("ready", flush=True)

@@ -48,6 +48,7 @@ def assert_nothing_left(launcher_pid: int | None = None) -> None:
     assert leftover_processes(launcher_pid) == []
 
 
+@pytest.mark.slow
 def test_success_returns_every_ranks_reports(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = script(tmp_path, """
         value = torch.tensor([float(rank + 1)])
@@ -98,6 +99,7 @@ def test_raising_rank_is_named_with_its_traceback(tmp_path: Path) -> None:
     assert_nothing_left()
 
 
+@pytest.mark.slow
 def test_hang_past_timeout_kills_every_rank(tmp_path: Path) -> None:
     path = script(tmp_path, """
         if rank == 0:
@@ -151,6 +153,7 @@ def test_a_native_crash_is_blamed_not_the_ranks_it_took_down(tmp_path: Path) -> 
     assert_nothing_left()
 
 
+@pytest.mark.slow
 def test_two_launches_at_once(tmp_path: Path) -> None:
     results: dict[str, object] = {}
 
@@ -210,6 +213,7 @@ def start_kernel_like_launch(tmp_path: Path, kernel_code: str = KERNEL) -> subpr
     pytest.fail("the ranks never started")
 
 
+@pytest.mark.slow
 def test_interrupt_stops_every_rank(tmp_path: Path) -> None:
     kernel = start_kernel_like_launch(tmp_path)
     assert len(leftover_processes(kernel.pid)) >= 5  # torchrun and four ranks
@@ -220,6 +224,7 @@ def test_interrupt_stops_every_rank(tmp_path: Path) -> None:
     assert_nothing_left(kernel.pid)
 
 
+@pytest.mark.slow
 def test_killed_kernel_leaves_no_rank(tmp_path: Path) -> None:
     kernel = start_kernel_like_launch(tmp_path)
     assert len(leftover_processes(kernel.pid)) >= 5
@@ -256,6 +261,7 @@ log.write("what a rank left in its buffer")
 """
 
 
+@pytest.mark.slow
 def test_a_script_ends_as_it_would_in_a_terminal(tmp_path: Path) -> None:
     path = tmp_path / "ending.py"
     path.write_text(EXIT_LIKE_A_TERMINAL)
@@ -307,6 +313,7 @@ sys.stdout.flush(); os._exit(code)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("code", [0, 3])
 def test_a_script_that_ends_with_os_exit_ends_the_same_way_in_both_launchers(tmp_path: Path, code: int) -> None:
     """The shipped scripts end with os._exit (lesson 00): under plain torchrun and under the course's

@@ -44,6 +44,7 @@ def probe(env: dict[str, str]) -> str:
                           text=True, check=True).stdout
 
 
+@pytest.mark.slow
 def test_each_variable_of_the_other_rounding_takes_effect() -> None:
     seen = probe(ANOTHER_ROUNDING)
     assert "capability DEFAULT" in seen

@@ -23,6 +23,7 @@ def preflight(device: str | None) -> tuple[int, list[str]]:
     return done.returncode, done.stdout.splitlines()
 
 
+@pytest.mark.slow
 def test_simulated_cards_are_ready_after_a_real_launch() -> None:
     code, lines = preflight("cpu")
     assert code == 0, "\n".join(lines)
@@ -35,6 +36,7 @@ def test_simulated_cards_are_ready_after_a_real_launch() -> None:
     assert leftover_processes() == []
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(HAS_FOUR_GPUS, reason="auto picks the GPUs on this machine")
 def test_auto_without_four_gpus_picks_simulated_cards_and_says_why() -> None:
     code, lines = preflight(None)

@@ -10,6 +10,8 @@ import pytest
 from fourcard_helpers import RankSession, RankSessionError, leftover_processes
 from fourcard_helpers import ranks as ranks_module
 
+pytestmark = pytest.mark.slow  # every test here starts ranks, a kernel or a browser: not in the fast tier
+
 
 def test_cells_run_on_every_rank_and_values_come_back_by_rank() -> None:
     with RankSession(2, timeout=120, echo=False) as ranks:

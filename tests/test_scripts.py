@@ -24,6 +24,8 @@ import pytest
 
 from test_notebooks import NOTEBOOKS, cells, source
 
+pytestmark = pytest.mark.slow  # every test here starts ranks, a kernel or a browser: not in the fast tier
+
 NOTEBOOK_DIR = NOTEBOOKS[0].parent
 
 

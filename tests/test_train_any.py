@@ -20,6 +20,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+pytestmark = pytest.mark.slow  # every test here starts ranks, a kernel or a browser: not in the fast tier
+
 SCRIPT = Path(__file__).resolve().parent.parent / "notebooks" / "scripts" / "train_any.py"
 
 TINY = '''
