@@ -60,10 +60,11 @@ Runs = dict[Path, "Future[subprocess.CompletedProcess[str]]"]  # each selected n
 
 def run_under_another_rounding(notebook: Path) -> subprocess.CompletedProcess[str]:
     """The notebook under strict nbval in a pytest of its own, with another rounding and a temporary
-    folder of its own (lessons keep checkpoints there, and two lessons run at once)."""
+    folder of its own (lessons keep checkpoints there, and two lessons run at once); without pytest's
+    cache, which two runs at once would both write."""
     with tempfile.TemporaryDirectory(prefix="fourcard-rounding-") as scratch:
         return subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", str(notebook.relative_to(ROOT))],
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(notebook.relative_to(ROOT))],
             cwd=ROOT, env={**os.environ, **ANOTHER_ROUNDING, "TMPDIR": scratch}, stdin=subprocess.DEVNULL,
             capture_output=True, text=True)
 
