@@ -3,8 +3,9 @@
 Float32 results depend on the CPU's vector width (ATen's kernels), oneDNN's choice of kernels and
 the number of threads: a learner's laptop rounds differently from the machine the stored outputs
 were made on, and training amplifies the difference. A proof that passes only here is not a proof.
-So each notebook runs a second time under strict nbval with the plainest of each (two lessons at a
-time, which the lessons must bear as they bear any busy machine):
+So each notebook runs a second time under strict nbval with the plainest of each (one lesson at a
+time, in the background while the rest of the suite runs, which the lessons must bear as they bear
+any busy machine):
 
 * `ATEN_CPU_CAPABILITY=default`: ATen's kernels without AVX2/AVX-512;
 * `ONEDNN_MAX_CPU_ISA=SSE41`: oneDNN's convolutions and matmuls limited to SSE4.1;
@@ -15,12 +16,13 @@ The first test checks that each variable takes effect in this torch; the others 
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -54,34 +56,59 @@ def test_each_variable_of_the_other_rounding_takes_effect() -> None:
         assert "capability DEFAULT" not in probe({"ONEDNN_MAX_CPU_ISA": "SSE41", "OMP_NUM_THREADS": "1"})
 
 
-SIDE_BY_SIDE = 2  # notebooks run at once: a lesson's launches leave a core idle about a third of the time
-Runs = dict[Path, "Future[subprocess.CompletedProcess[str]]"]  # each selected notebook's run, as it goes
+BACKGROUND_RUNS: dict[Path, "Future[subprocess.CompletedProcess[str]]"] = {}  # each selected lesson's run
+_pool: ThreadPoolExecutor | None = None
+_running: set[subprocess.Popen[str]] = set()
 
 
 def run_under_another_rounding(notebook: Path) -> subprocess.CompletedProcess[str]:
-    """The notebook under strict nbval in a pytest of its own, with another rounding and a temporary
-    folder of its own (lessons keep checkpoints there, and two lessons run at once); without pytest's
-    cache, which two runs at once would both write."""
+    """The notebook under strict nbval in a pytest of its own, with another rounding, in a copy of the
+    notebooks folder in a temporary folder of its own: lessons write beside themselves (saved scripts,
+    `runs/`) and keep checkpoints in the temporary folder, while the rest of the suite, its own run of
+    the same lesson included, goes on beside it. Without pytest's cache, which the suite's pytest writes."""
     with tempfile.TemporaryDirectory(prefix="fourcard-rounding-") as scratch:
-        return subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(notebook.relative_to(ROOT))],
-            cwd=ROOT, env={**os.environ, **ANOTHER_ROUNDING, "TMPDIR": scratch}, stdin=subprocess.DEVNULL,
-            capture_output=True, text=True)
+        course = Path(scratch, "course")
+        shutil.copytree(ROOT / "notebooks", course / "notebooks",
+                        ignore=shutil.ignore_patterns("runs", ".ipynb_checkpoints", "__pycache__"))
+        shutil.copy(ROOT / "pyproject.toml", course)  # pytest's options: nbval, the sanitize file
+        args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"notebooks/{notebook.name}"]
+        with subprocess.Popen(args, cwd=course, env={**os.environ, **ANOTHER_ROUNDING, "TMPDIR": scratch},
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) as proc:
+            _running.add(proc)
+            try:
+                out, _ = proc.communicate()
+            finally:
+                _running.discard(proc)
+        return subprocess.CompletedProcess(args, proc.returncode, out, "")
 
 
-@pytest.fixture(scope="module")
-def runs_under_another_rounding(request: pytest.FixtureRequest) -> Iterator[Runs]:
-    """The run of every notebook whose test was selected, SIDE_BY_SIDE at a time from when the first test
-    asks: each also meets a machine busy with another lesson, which no check of a lesson may mind (no
-    assert is decided by speed)."""
-    selected = [item.callspec.params["notebook"] for item in request.session.items  # nbval's cells too
-                if isinstance(item, pytest.Function) and item.module is request.module and hasattr(item, "callspec")]
-    with ThreadPoolExecutor(SIDE_BY_SIDE) as pool:
-        yield {notebook: pool.submit(run_under_another_rounding, notebook) for notebook in selected}
+def start_in_background(notebooks: list[Path]) -> None:
+    """Called (by conftest.py) as soon as collection ends: the selected lessons run one at a time beside
+    the rest of the suite, whose launches leave a core idle a fair share of the time, and the tests
+    below, ordered last, collect the verdicts. Each lesson thus also meets a machine busy with other
+    tests, which no check of a lesson may mind (no assert is decided by speed)."""
+    global _pool
+    _pool = ThreadPoolExecutor(1, thread_name_prefix="other-rounding")
+    BACKGROUND_RUNS.update({notebook: _pool.submit(run_under_another_rounding, notebook) for notebook in notebooks})
+
+
+def stop_background() -> None:
+    """At the session's end: a session stopped early (`-x`, a failure in collection) drops the lessons not
+    yet started and interrupts the one running, whose pytest then shuts its kernel down as on Ctrl-C."""
+    if _pool is not None:
+        _pool.shutdown(wait=False, cancel_futures=True)
+    for proc in list(_running):
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 @pytest.mark.slow
+@pytest.mark.background
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda path: path.stem)
-def test_the_notebook_passes_under_another_rounding(notebook: Path, runs_under_another_rounding: Runs) -> None:
-    done = runs_under_another_rounding[notebook].result()
+def test_the_notebook_passes_under_another_rounding(notebook: Path) -> None:
+    done = BACKGROUND_RUNS[notebook].result()
     assert done.returncode == 0, f"{notebook.name} under {ANOTHER_ROUNDING}:\n{done.stdout[-4000:]}"
