@@ -12,7 +12,6 @@ The first failing rank is the one to blame: when one rank dies, the others fail 
 from __future__ import annotations
 
 import re
-import signal
 from dataclasses import dataclass
 from typing import Any
 

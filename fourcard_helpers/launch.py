@@ -23,10 +23,10 @@ Ranks, torchrun and this module talk only through the run folder (rundir.py).
 from __future__ import annotations
 
 import codecs
+import enum
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -38,16 +38,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from .agent import WATCH_FD_ENV
 from .cards import Cards, detect
 from .diagnose import Ending, LaunchError, diagnose
 from .doctor import examine
+from .lifecycle import LAUNCHER_ENV, KernelPipe, marked_processes, stop
 from .rundir import DOCTOR, DOCTOR_ENV, ERROR, LABEL_ENV, PID, REPORT, RUN_DIR_ENV, STDERR, STDOUT, RunDir
 from .worker import REPO_ROOT
 
 __all__ = ["torchrun", "LaunchResult", "LaunchError", "leftover_processes", "rank_environment"]
 
-LAUNCHER_ENV = "FOURCARD_LAUNCHER_PID"
 # torchrun's agent shares its rendezvous TCP store with the ranks; after an elastic restart,
 # gloo launches here did not all come back with it (benchmarks/restart_store.py; for NCCL see
 # pytorch/pytorch#135712). With this set, each round of the rendezvous gives the ranks a store
@@ -88,17 +87,7 @@ def leftover_processes(launcher_pid: int | None = None) -> list[int]:
 
     Always empty after a launch returns, fails or is interrupted; lessons and tests assert it.
     """
-    marker = f"{LAUNCHER_ENV}={launcher_pid or os.getpid()}".encode()
-    pids = []
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            if marker in (entry / "environ").read_bytes().split(b"\0"):
-                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-                if state != "Z":  # a zombie has exited; only its exit code is left to collect
-                    pids.append(int(entry.name))
-        except OSError:
-            continue
-    return pids
+    return marked_processes(LAUNCHER_ENV, str(launcher_pid or os.getpid()))
 
 
 def _loopback_interface() -> str | None:
@@ -189,6 +178,13 @@ def _node_gpus(cards: Cards, node: int, per_node: int) -> dict[str, str]:
     return {"CUDA_VISIBLE_DEVICES": ",".join(ids[node * per_node:(node + 1) * per_node])}
 
 
+class Over(enum.Enum):
+    """How the wait for a launch ended."""
+    FINISHED = "every agent exited"
+    FAILED = "a rank or an agent failed, and the others had their time to end"
+    TIMED_OUT = "the launch ran past its timeout"
+
+
 class _Launch:
     """One launch: its run folder, its torchrun agents (one per node), the ranks' output, the
     means to stop them."""
@@ -209,7 +205,7 @@ class _Launch:
         self.torchrun_output: list[str] = []
         self.procs: list[subprocess.Popen[bytes]] = []
         self.readers: list[threading.Thread] = []
-        self.kernel_end: int | None = None  # our end of the pipe whose closing stops the agents
+        self.pipe: KernelPipe | None = None  # closing our end stops the agents (lifecycle.py)
 
     def prepare(self, script: str | Path, args: Iterable[str], env: Mapping[str, str] | None,
                 label: str | None) -> None:
@@ -242,23 +238,19 @@ class _Launch:
             print(f"torchrun: {self.nproc} ranks{nodes} on {self.cards.describe()}{sharing}", flush=True)
 
     def start(self) -> None:
-        """Start each torchrun agent (through agent.py) in a process group of its own. They all
-        watch the read end of one pipe: the kernel's death stops every one of them."""
-        agent_end, self.kernel_end = os.pipe()  # both ends non-inheritable: no other child gets ours
+        """Start each torchrun agent (through agent.py) as the root of a tree (lifecycle.py): a
+        process group of its own, stopped by the kernel's death."""
+        self.pipe = KernelPipe()
         try:
             for node, command in enumerate(self.commands):
-                proc = subprocess.Popen(
-                    command, env={**self.env, **_node_gpus(self.cards, node, self.nproc // self.nnodes),
-                                  WATCH_FD_ENV: str(agent_end)}, pass_fds=(agent_end,),
-                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                    start_new_session=True,  # a process group of its own: we can signal all of it
-                )
+                proc = self.pipe.start(command, {**self.env, **_node_gpus(self.cards, node, self.nproc // self.nnodes)},
+                                       subprocess.PIPE)
                 self.procs.append(proc)
                 reader = threading.Thread(target=self._read_torchrun, args=(proc, node), daemon=True)
                 reader.start()
                 self.readers.append(reader)
         finally:
-            os.close(agent_end)
+            self.pipe.started()
 
     def _read_torchrun(self, proc: subprocess.Popen[bytes], node: int) -> None:
         """torchrun's own messages: kept for diagnosis, not shown (they are not the lesson)."""
@@ -272,22 +264,22 @@ class _Launch:
         codes = [proc.poll() for proc in self.procs]
         return next((code for code in codes if code), None if None in codes else 0)
 
-    def wait(self, timeout: float) -> str:
-        """Forward the ranks' output until the launch is over: "finished" (every agent exited),
-        "failed" (a rank raised, or an agent failed, and the partners had FAIL_FAST_SECONDS to
-        end, since they may sit in a collective forever) or "timed out"."""
+    def wait(self, timeout: float) -> Over:
+        """Forward the ranks' output until the launch is over: FINISHED (every agent exited),
+        FAILED (a rank raised, or an agent failed, and the partners had FAIL_FAST_SECONDS to
+        end, since they may sit in a collective forever) or TIMED_OUT."""
         first_error: float | None = None
         while any(proc.poll() is None for proc in self.procs):
             self.pump()
             now = time.monotonic()
             if now - self.started > timeout:
-                return "timed out"
+                return Over.TIMED_OUT
             if first_error is None and ((self.run.ranks(ERROR) and not self.max_restarts) or self.returncode()):
                 first_error = now
             if first_error is not None and now - first_error > FAIL_FAST_SECONDS:
-                return "failed"
+                return Over.FAILED
             time.sleep(POLL_SECONDS)
-        return "finished"
+        return Over.FINISHED
 
     def pump(self, final: bool = False) -> None:
         """Forward every new line of every rank to the notebook."""
@@ -314,38 +306,18 @@ class _Launch:
         return pids
 
     def stop(self) -> None:
-        """Stop every agent and rank: SIGTERM first (torchrun passes it on), then SIGKILL."""
-        running = [proc for proc in self.procs if proc.poll() is None]
-        for proc in running:
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + GRACE_SECONDS
-        for proc in running:
-            try:
-                proc.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        for pid in self._worker_pids():  # ranks live in sessions of their own
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + GRACE_SECONDS
-        while self._worker_pids() and time.monotonic() < deadline:
-            time.sleep(0.02)
+        """Stop every agent and rank (lifecycle.py's sequence); ranks live in sessions of their own."""
+        stop(self.procs, self._worker_pids, GRACE_SECONDS)
         for reader in self.readers:
             reader.join(timeout=1)
 
-    def explain(self, how: str, timeout: float) -> LaunchResult:
+    def explain(self, how: Over, timeout: float) -> LaunchResult:
         """The result of a launch that is over, or the LaunchError that explains its failure."""
         __tracebackhide__ = True  # noqa: F841
         self.pump(final=True)
         log = "".join(self.lines)
-        ending = Ending(self.returncode() if how == "finished" else None, "".join(self.torchrun_output),
-                        timeout if how == "timed out" else None)
+        ending = Ending(self.returncode() if how is Over.FINISHED else None, "".join(self.torchrun_output),
+                        timeout if how is Over.TIMED_OUT else None)
         error = diagnose(self.run, self.nproc, log, ending, simulated=self.cards.kind == "cpu")
         if error is not None:
             raise error
@@ -362,9 +334,8 @@ class _Launch:
         return LaunchResult(self.nproc, self.cards, seconds, reports, log, warnings)
 
     def cleanup(self) -> None:
-        if self.kernel_end is not None:
-            os.close(self.kernel_end)  # if anything of the launch still runs, the agent stops it
-            self.kernel_end = None
+        if self.pipe is not None:
+            self.pipe.close()  # if anything of the launch still runs, the agent stops it
         shutil.rmtree(self.run.path, ignore_errors=True)
 
 

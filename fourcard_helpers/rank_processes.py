@@ -1,44 +1,38 @@
 """The processes of a warm session (see ranks.py), started with the course's exit guarantees.
 
     python -m fourcard_helpers.rank_processes controller ARGS...   # ipyparallel's controller
-    python -m torch.distributed.run ... -m fourcard_helpers.rank_processes engine ARGS...
+    python -m fourcard_helpers.agent ... -m fourcard_helpers.rank_processes engine ARGS...
 
 The controller and the engines are ipyparallel's own; this module changes only how they die.
 ipyparallel stops gracefully on SIGTERM, but a rank busy in a cell (or stuck in a collective)
 never gets round to it, and torchrun then waits half a minute before it kills. Here:
 
-* a rank dies with its parent (PR_SET_PDEATHSIG): torchrun starts each rank in a session of
-  its own, so if torchrun is killed nothing else would end the rank; and SIGTERM (torchrun
-  stopping its ranks) ends the rank at once;
-* SIGTERM to the controller (sent by the kernel's stop, or by Linux when the kernel dies) kills
-  the controller's whole process group, which holds its helper processes.
+* a rank dies with its parent (lifecycle.die_with_parent): torchrun starts each rank in a
+  session of its own, so if torchrun is killed nothing else would end the rank; and SIGTERM
+  (torchrun stopping its ranks) ends the rank at once;
+* SIGTERM to the controller (the kernel's stop), or the kernel's death (lifecycle.py's pipe),
+  kills the controller's whole process group, which holds its helper processes.
+
+Both replace the `init_signal` method of ipyparallel's application classes (where ipyparallel
+installs its own, graceful handlers); this module is the only place that changes them.
 
 It imports nothing but the standard library before ipyparallel starts.
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import sys
 from types import FrameType
 
-
-def die_with_parent(signum: int) -> None:
-    """Ask Linux to send `signum` to this process when its parent dies (PR_SET_PDEATHSIG)."""
-    if not sys.platform.startswith("linux"):
-        return
-    parent = os.getppid()
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signum)
-    if os.getppid() != parent:  # the parent died before prctl took effect
-        os._exit(1)
+from .lifecycle import die_with_parent, stop_when_kernel_dies
 
 
 def _exit_now(signum: int, frame: FrameType | None) -> None:
     os._exit(128 + signum)
 
 
-def _kill_my_group(signum: int, frame: FrameType | None) -> None:
+def _kill_my_group(signum: int, frame: FrameType | None = None) -> None:
     if os.getpgid(0) == os.getpid():  # started as the leader of a group of its own
         os.killpg(os.getpid(), signal.SIGKILL)
     os._exit(128 + signum)
@@ -58,7 +52,9 @@ def engine(argv: list[str]) -> None:
 
 
 def controller(argv: list[str]) -> None:
-    """ipyparallel's controller, which takes its helper processes with it on SIGTERM."""
+    """ipyparallel's controller, which takes its helper processes with it on SIGTERM or when the
+    kernel dies."""
+    stop_when_kernel_dies(lambda: _kill_my_group(signal.SIGTERM))
     from ipyparallel.controller.app import IPController, main
 
     def init_signal(self: IPController) -> None:

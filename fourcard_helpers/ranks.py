@@ -5,6 +5,7 @@
     x = torch.tensor([rank + 1.0]); dist.all_reduce(x)
     xs = %ranks pull x         # every rank's x, as a list indexed by rank
     %ranks push lr             # the notebook's lr, now defined on every rank
+    %ranks reports             # what each rank passed to report(), as a list indexed by rank
     %ranks stop
 
 Why: a `%%torchrun` cell pays seconds to start four interpreters and import torch, and what the
@@ -28,15 +29,13 @@ from __future__ import annotations
 
 import ast
 import atexit
+import json
 import concurrent.futures
-import ctypes
 import linecache
 import os
 import pickle
-import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -51,12 +50,14 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class, needs_loca
 
 from .cards import Cards, detect
 from .launch import rank_environment
+from .lifecycle import KernelPipe, alive, marked_processes, stop
+from .rundir import EXIT, REPORT, RunDir
 from .worker import shorten_paths
 
 SESSION_ENV = "FOURCARD_RANKS_SESSION"  # marks this session's processes, to stop every one of them
 POLL_SECONDS = 0.05  # how often a waiting cell checks that every rank is still there
 GRACE_SECONDS = 3.0  # how long torchrun and the controller get to stop before SIGKILL
-VERDICT_SECONDS = 60.0  # at most how long to wait for torchrun's summary of which rank failed first
+VERDICT_SECONDS = 60.0  # at most how long to wait for torchrun's verdict on which rank failed first
 FAIL_FAST_SECONDS = 15.0  # after a rank raised, how long the others get to finish the cell: long enough
 # for a slow rank on a busy machine; a rank stuck in a collective the raising rank never reached is
 # stopped after it (nothing can free it)
@@ -167,34 +168,6 @@ def _store(**values: Any) -> dict[str, Any]:
 
 
 # -- the session, on the notebook's side -----------------------------------------------------------
-def _die_with_kernel(signum: int) -> Callable[[], None]:
-    """What runs in a child before exec: Linux sends it `signum` when the kernel dies (PR_SET_PDEATHSIG)."""
-    def arrange() -> None:
-        if sys.platform.startswith("linux"):
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signum)
-    return arrange
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
-
-
-def _marked(marker: bytes) -> list[int]:
-    """Pids of live processes whose environment holds `marker` (NAME=VALUE)."""
-    pids = []
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            if marker in (entry / "environ").read_bytes().split(b"\0") and _alive(int(entry.name)):
-                pids.append(int(entry.name))
-        except OSError:
-            continue
-    return pids
-
-
 class RankSession:
     """`nproc` ranks started by torchrun on the cards `detect()` picks, kept alive between cells.
 
@@ -213,11 +186,14 @@ class RankSession:
         self.run_dir = Path(tempfile.mkdtemp(prefix="fourcard-ranks-"))
         self.controller: subprocess.Popen[bytes] | None = None
         self.torchrun_proc: subprocess.Popen[bytes] | None = None
+        self.pipe = KernelPipe()  # the controller and torchrun stop when the kernel dies (lifecycle.py)
         self.client: Any = None
         self.views: dict[int, Any] = {}  # rank -> the ipyparallel view of its engine
         self.pids: dict[int, int] = {}
         self.lost: str | None = None  # why the session ended on its own, once it has
         self.cells = 0  # cells run so far: names each cell's source on the ranks
+        self.reports: dict[int, dict[str, Any]] = {}  # rank -> what it passed to report(), later values winning
+        self._reported: dict[int, int] = {}  # rank -> report lines already taken
         self.closed = False
         _live.add(self)
         try:
@@ -237,13 +213,9 @@ class RankSession:
         return f"<RankSession: {self.nproc} ranks on {self.cards.kind}, {state}>"
 
     # -- starting ----------------------------------------------------------------------------
-    def _spawn(self, command: list[str], log: str, env: dict[str, str], death_signal: int) -> subprocess.Popen[bytes]:
+    def _spawn(self, command: list[str], log: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
         with open(self.run_dir / log, "wb") as out:
-            return subprocess.Popen(
-                command, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True,  # a process group of its own: stop() signals all of it
-                preexec_fn=_die_with_kernel(death_signal),
-            )
+            return self.pipe.start(command, env, out)
 
     def _start(self, start_timeout: float) -> None:
         import ipyparallel
@@ -256,19 +228,20 @@ class RankSession:
         self.controller = self._spawn(
             [sys.executable, "-m", "fourcard_helpers.rank_processes", "controller", f"--profile-dir={profile}",
              f"--cluster-id={self.session_id}", "--ip=127.0.0.1", "--usethreads", "--log-level=WARN"],
-            "controller.log", env, signal.SIGTERM)  # it then kills its process group (rank_processes.py)
+            "controller.log", env)  # on SIGTERM or the kernel's death it kills its process group (rank_processes.py)
         security = profile / "security"
         engine_file = security / f"ipcontroller-{self.session_id}-engine.json"
         client_file = security / f"ipcontroller-{self.session_id}-client.json"
         self._wait_for(lambda: engine_file.exists() and client_file.exists(), started + start_timeout,
                        "the ipyparallel controller did not start")
         self.torchrun_proc = self._spawn(
-            [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={self.nproc}",
+            [sys.executable, "-m", "fourcard_helpers.agent", "--nnodes=1", f"--nproc-per-node={self.nproc}",
              "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", f"--rdzv-id={self.session_id}",
              "--max-restarts=0", "--monitor-interval=0.1",
              "-m", "fourcard_helpers.rank_processes", "engine", f"--file={engine_file}", f"--profile-dir={profile}",
              "--IPEngine.enable_nanny=False", "--log-level=WARN"],
-            "torchrun.log", env, signal.SIGKILL)  # its ranks die with it (rank_processes.py)
+            "torchrun.log", env)  # its ranks die with it (rank_processes.py)
+        self.pipe.started()
         self.client = ipyparallel.Client(str(client_file), profile_dir=str(profile))
         self._wait_for(lambda: len(self.client.ids) >= self.nproc, started + start_timeout,
                        f"{self.nproc} ranks did not all register")
@@ -308,12 +281,12 @@ class RankSession:
             return self.lost
         if self.controller and self.controller.poll() is not None:
             self.lost = "the ipyparallel controller exited"
-        gone = sorted(rank for rank, pid in self.pids.items() if not _alive(pid))
+        gone = sorted(rank for rank, pid in self.pids.items() if not alive(pid))
         if self.torchrun_proc and self.torchrun_proc.poll() is not None or gone:
             # One rank gone while the others live is the one that died. Several gone at once:
-            # torchrun noticed first and stopped the rest, so only its summary, written when it
-            # exits, can say which rank failed first. Wait for it (torchrun exits once its ranks
-            # are down; the bound is only a backstop).
+            # torchrun noticed first and stopped the rest, so only its verdict, which the agent
+            # writes down as it exits (agent.py), can say which rank failed first. Wait for it
+            # (torchrun exits once its ranks are down; the bound is only a backstop).
             if len(gone) > 1 and self.torchrun_proc and self.torchrun_proc.poll() is None:
                 try:
                     self.torchrun_proc.wait(VERDICT_SECONDS)
@@ -330,14 +303,11 @@ class RankSession:
         return self.lost
 
     def _root_cause(self) -> tuple[int, int] | None:
-        """The rank torchrun names as the first to fail, with its exit code (None if none yet)."""
-        try:
-            summary = (self.run_dir / "torchrun.log").read_text(errors="replace")
-        except OSError:
-            return None
-        found = re.findall(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)",
-                           summary[summary.find("Root Cause"):] if "Root Cause" in summary else "")
-        return (int(found[0][0]), int(found[0][1])) if found else None
+        """The rank torchrun saw fail first, with its exit code (None until torchrun has ended):
+        from the agent's `exit` records (agent.py)."""
+        first = [(rank, record["exitcode"]) for rank, record in RunDir(self.run_dir).read_json(EXIT).items()
+                 if record.get("first")]
+        return first[0] if first else None
 
     def _require_alive(self) -> None:
         problem = self._problem()
@@ -419,17 +389,32 @@ class RankSession:
                                 "stopped. Start a new session with `%ranks start`.", blamed)
 
     def _show(self, done: dict[int, Any], echo: bool) -> None:
-        """Each rank's printed output, grouped and in rank order, prefixed like %%torchrun's."""
-        if not (echo and self.echo):
-            return
-        for rank in sorted(done):
-            done[rank].wait_for_output(GRACE_SECONDS)  # printed output may arrive after the result
-            for stream, out in (("stdout", sys.stdout), ("stderr", sys.stderr)):
-                text = getattr(done[rank], stream, "") or ""
-                for line in text.splitlines(True):
-                    out.write(f"[rank{rank}] {line}" + ("" if line.endswith("\n") else "\n"))
-        sys.stdout.flush()
-        sys.stderr.flush()
+        """Each rank's printed output, grouped and in rank order, prefixed like %%torchrun's; then
+        what the ranks passed to report() during the cell."""
+        if echo and self.echo:
+            for rank in sorted(done):
+                done[rank].wait_for_output(GRACE_SECONDS)  # printed output may arrive after the result
+                for stream, out in (("stdout", sys.stdout), ("stderr", sys.stderr)):
+                    text = getattr(done[rank], stream, "") or ""
+                    for line in text.splitlines(True):
+                        out.write(f"[rank{rank}] {line}" + ("" if line.endswith("\n") else "\n"))
+            sys.stdout.flush()
+            sys.stderr.flush()
+        self._take_reports(echo and self.echo)
+
+    def _take_reports(self, echo: bool) -> None:
+        """`report()` on a rank appends a JSON line to its record in the session's run folder, as in
+        a launch (worker.py): the new lines join `reports` (as `LaunchResult.reports`: a later value
+        of a name replaces the earlier one) and, with `echo`, are shown as `[rankN] report: {...}`."""
+        for rank, text in RunDir(self.run_dir).read_text(REPORT).items():
+            lines = text.splitlines(True)
+            complete = [line for line in lines[self._reported.get(rank, 0):] if line.endswith("\n")]
+            self._reported[rank] = self._reported.get(rank, 0) + len(complete)
+            for line in complete:
+                values = json.loads(line)
+                self.reports.setdefault(rank, {}).update(values)
+                if echo:
+                    print(f"[rank{rank}] report: {line.rstrip()}", flush=True)
 
     def run(self, code: str, timeout: float | None = None, echo: bool = True) -> list[Any]:
         """Run `code` on every rank; returns each rank's value of its last expression (rank order).
@@ -454,7 +439,7 @@ class RankSession:
     # -- stopping ----------------------------------------------------------------------------
     def processes(self) -> list[int]:
         """Pids of this session's live processes: controller (and its helpers), torchrun, ranks."""
-        return _marked(f"{SESSION_ENV}={self.session_id}".encode())
+        return marked_processes(SESSION_ENV, self.session_id)
 
     def close(self) -> None:
         """Stop every process of the session: ranks, torchrun and controller. Safe to call twice."""
@@ -466,29 +451,11 @@ class RankSession:
                 self.client.close(linger=0)
             except Exception:  # noqa: BLE001 - the sockets go either way
                 pass
-        for proc in (self.torchrun_proc, self.controller):  # torchrun passes SIGTERM on to its ranks
-            if proc is not None and proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        for proc in (self.torchrun_proc, self.controller):
-            if proc is not None:
-                try:
-                    proc.wait(GRACE_SECONDS)
-                except subprocess.TimeoutExpired:
-                    pass
-        for pid in self.processes():  # ranks live in sessions of their own; the controller's helpers too
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for proc in (self.torchrun_proc, self.controller):
-            if proc is not None:
-                proc.wait()
-        deadline = time.monotonic() + GRACE_SECONDS
-        while self.processes() and time.monotonic() < deadline:
-            time.sleep(0.02)
+        # torchrun passes SIGTERM on to its ranks; ranks live in sessions of their own, the
+        # controller's helpers too: what is left of the session's marked processes is killed.
+        stop([proc for proc in (self.torchrun_proc, self.controller) if proc is not None], self.processes,
+             GRACE_SECONDS)
+        self.pipe.close()
         shutil.rmtree(self.run_dir, ignore_errors=True)
 
 
@@ -501,14 +468,14 @@ def _close_all() -> None:
 # -- the magics ------------------------------------------------------------------------------------
 @magics_class
 class RanksMagics(Magics):
-    """`%ranks start|stop|pull NAME|push NAME...` and `%%ranks` (the cell runs on every rank)."""
+    """`%ranks start|stop|pull NAME|push NAME...|reports` and `%%ranks` (the cell runs on every rank)."""
 
     session: RankSession | None = None
 
     @needs_local_scope
     @line_cell_magic
     def ranks(self, line: str, cell: str | None = None, local_ns: dict[str, Any] | None = None) -> Any:
-        """%ranks start [-n 4] [--timeout S] | stop | pull NAME | push NAME... ; %%ranks [--timeout S]"""
+        """%ranks start [-n 4] [--timeout S] | stop | pull NAME | push NAME... | reports ; %%ranks [--timeout S]"""
         __tracebackhide__ = True  # noqa: F841
         words = shlex.split(line)
         if cell is not None:
@@ -525,6 +492,9 @@ class RanksMagics(Magics):
         if command == "stop":
             self.stop()
             return None
+        if command == "reports" and len(words) == 1:
+            session = self._running()
+            return [session.reports.get(rank, {}) for rank in range(session.nproc)]
         if command == "pull" and len(words) == 2:
             return self._running().pull(words[1])
         if command == "push" and len(words) >= 2:
@@ -535,7 +505,8 @@ class RanksMagics(Magics):
             self._running().push(**{name: scope[name] for name in words[1:]})
             return None
         raise RankSessionError("usage: %ranks start [-n 4] [--timeout S] | %ranks pull NAME | %ranks push NAME... | "
-                               "%ranks stop, and %%ranks [--timeout S] for a cell that runs on every rank.")
+                               "%ranks reports | %ranks stop, and %%ranks [--timeout S] for a cell that runs on "
+                               "every rank.")
 
     def _running(self) -> RankSession:
         if RanksMagics.session is None:

@@ -29,14 +29,12 @@ from __future__ import annotations
 
 import atexit
 import builtins
-import ctypes
 import faulthandler
 import functools
 import io
 import linecache
 import os
 import re
-import signal
 import sys
 import threading
 import time
@@ -45,6 +43,7 @@ import weakref
 from pathlib import Path, PurePath
 from typing import Any
 
+from .lifecycle import die_with_parent
 from .rundir import CRASH, DOCTOR, DOCTOR_ENV, DONE, ERROR, LABEL_ENV, PID, REPORT, RUN_DIR_ENV, STDERR, STDOUT, RunDir
 
 __all__ = ["report", "shorten_paths", "RUN_DIR_ENV", "LABEL_ENV", "REPO_ROOT"]
@@ -108,25 +107,11 @@ def shorten_paths(text: str) -> str:
 
 
 def _die_with_parent() -> None:
-    """Ask Linux to kill this rank if torchrun dies, so a killed kernel leaves no rank behind.
-
-    Set here, in the rank itself after exec, not in a `preexec_fn`. CDLL(None) is the C library
-    the interpreter already runs on (glibc or musl both provide prctl).
-    """
-    if not sys.platform.startswith("linux"):
-        return
-    parent = os.getppid()
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        if os.environ.get("LOCAL_RANK", "0") == "0":
-            print("fourcard: this system's C library has no prctl(), so ranks cannot ask to die with "
-                  "torchrun; if torchrun is killed, stop its ranks yourself (see leftover_processes()).",
-                  file=sys.stderr, flush=True)
-        return
-    prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:  # the parent died before prctl took effect
-        os._exit(1)
+    """Ask Linux to kill this rank if torchrun dies, so a killed kernel leaves no rank behind."""
+    if not die_with_parent() and sys.platform.startswith("linux") and os.environ.get("LOCAL_RANK", "0") == "0":
+        print("fourcard: this system's C library has no prctl(), so ranks cannot ask to die with "
+              "torchrun; if torchrun is killed, stop its ranks yourself (see leftover_processes()).",
+              file=sys.stderr, flush=True)
 
 
 def _redirect_output(run: RunDir, rank: int) -> None:

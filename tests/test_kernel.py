@@ -120,6 +120,13 @@ def test_ranks_magics_run_a_cell_pull_and_stop(kernel: tuple[KernelManager, obje
     client.execute_interactive("xs = %ranks pull x\nprint([x.item() for x in xs])", timeout=120,
                                output_hook=outputs.append)
     assert "[3.0, 3.0]" in "".join(m["content"].get("text", "") for m in outputs if m["msg_type"] == "stream")
+    outputs.clear()  # report() inside a cell reaches the notebook: shown with its rank, kept for %ranks reports
+    client.execute_interactive("%%ranks\nfrom fourcard_helpers import report\nreport(total=x)", timeout=120,
+                               output_hook=outputs.append)
+    client.execute_interactive("reports = %ranks reports\nprint(reports)", timeout=120, output_hook=outputs.append)
+    text = "".join(m["content"].get("text", "") for m in outputs if m["msg_type"] == "stream")
+    assert text == ('[rank0] report: {"total": [3.0]}\n[rank1] report: {"total": [3.0]}\n'
+                    "[{'total': [3.0]}, {'total': [3.0]}]\n")
     assert client.execute_interactive("%ranks stop", timeout=120)["content"]["status"] == "ok"
     assert leftover_processes(kernel_pid) == []
 

@@ -24,6 +24,8 @@ def test_cells_run_on_every_rank_and_values_come_back_by_rank() -> None:
         assert ranks.run("y = x * scale + rank") == [None, None]
         assert [y.tolist() for y in ranks.pull("y")] == [[30.0], [31.0]]
         assert ranks.run("%time z = 2 * rank\nz") == [0, 2]  # IPython magics work in a rank's cell
+        ranks.run("from fourcard_helpers import report\nreport(rank=rank, x=x)\nreport(x=2 * x)")
+        assert ranks.reports == {0: {"rank": 0, "x": [6.0]}, 1: {"rank": 1, "x": [6.0]}}  # a later value wins
 
         # A function defined in a notebook (module __main__) runs on the ranks with their names as globals.
         notebook: dict = {"__name__": "__main__"}
@@ -86,7 +88,8 @@ def test_a_rank_that_raises_before_a_collective_does_not_hang_the_others() -> No
 def test_a_session_that_lost_a_rank_says_so_and_a_new_one_starts(
         poll_seconds: float, then: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The rank that died is named, also when the other rank is gone too by the time the session
-    looks (in CI, torchrun stopped it first on a busy machine): torchrun's summary says which failed."""
+    looks (in CI, torchrun stopped it first on a busy machine): torchrun's verdict, which the agent
+    writes down (agent.py), says which failed."""
     monkeypatch.setattr(ranks_module, "POLL_SECONDS", poll_seconds)
     ranks = RankSession(2, timeout=600, echo=False)
     try:
