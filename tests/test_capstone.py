@@ -1,24 +1,20 @@
 """Lesson 11's measuring instruments: the module its launches import is the lesson's own cell, and it counts."""
 import importlib.util
-import json
 import socket
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
+from test_notebooks import written_by_cells
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 SHIPPED = NOTEBOOKS / "scripts" / "comm_meter.py"
 
 
 def test_the_module_the_launches_import_is_the_lessons_cell():
-    """scripts/comm_meter.py is written by a %%writefile cell of lesson 11: the shipped file must be that cell."""
-    notebook = json.loads((NOTEBOOKS / "11_capstone.ipynb").read_text(encoding="utf-8"))
-    cells = ["".join(c["source"]) for c in notebook["cells"] if c["cell_type"] == "code"]
-    written = [text for text in cells if text.startswith("%%writefile scripts/comm_meter.py")]
-    assert len(written) == 1
-    assert SHIPPED.read_text(encoding="utf-8") == written[0].partition("\n")[2]
+    """scripts/comm_meter.py is written by %%writefile cells of lesson 11: the shipped file must be those cells."""
+    assert SHIPPED.read_text(encoding="utf-8") == written_by_cells(NOTEBOOKS / "11_capstone.ipynb", "scripts/comm_meter.py")
 
 
 @pytest.fixture()

@@ -112,6 +112,17 @@ def test_every_shipped_script_comes_from_a_cell() -> None:
     assert shipped <= saved, f"stale scripts no cell saves: {sorted(p.name for p in shipped - saved)}"
 
 
+def written_by_cells(path: Path, target: str) -> str:
+    """What the `%%writefile` cells of a lesson write to `target` (a path from the notebooks folder):
+    the first cell writes the file, each later one appends to it (`%%writefile -a`), in order."""
+    writers = [source(cell) for cell in cells(path) if cell["cell_type"] == "code"
+               and source(cell).partition("\n")[0].split()[:1] == ["%%writefile"]
+               and source(cell).partition("\n")[0].split()[-1] == target]
+    assert writers and writers[0].startswith(f"%%writefile {target}\n"), f"no cell writes {target}"
+    assert all(text.startswith(f"%%writefile -a {target}\n") for text in writers[1:]), f"{target} is written twice"
+    return "".join(text.partition("\n")[2] for text in writers)
+
+
 DOCTOR_SAYS = "torchrun: doctor: "
 
 

@@ -1,9 +1,10 @@
 """Pipeline schedules of lesson 07: orders, logical timeline, bubble and memory."""
-import json
 from fractions import Fraction
 from pathlib import Path
 
 import pytest
+
+from test_notebooks import written_by_cells
 
 from fourcard_helpers.schedules import idle_fraction, peak_in_flight, pipeline_order, simulate_pipeline
 
@@ -40,14 +41,7 @@ def test_idle_fraction_of_measured_style_events():
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "07_model_and_pipeline_parallel.ipynb"
 
 
-def notebook_sources() -> list[str]:
-    return ["".join(cell["source"]) for cell in json.loads(NOTEBOOK.read_text(encoding="utf-8"))["cells"]
-            if cell["cell_type"] == "code"]
-
-
 def test_the_step_module_the_scripts_import_is_the_lessons_cell():
-    """scripts/pipeline_step.py is written by a %%writefile cell of lesson 07: the shipped file must be that cell."""
-    cells = [text for text in notebook_sources() if text.startswith("%%writefile scripts/pipeline_step.py")]
-    assert len(cells) == 1
+    """scripts/pipeline_step.py is written by %%writefile cells of lesson 07: the shipped file must be those cells."""
     shipped = NOTEBOOK.parent / "scripts" / "pipeline_step.py"
-    assert shipped.read_text(encoding="utf-8") == cells[0].partition("\n")[2]
+    assert shipped.read_text(encoding="utf-8") == written_by_cells(NOTEBOOK, "scripts/pipeline_step.py")
