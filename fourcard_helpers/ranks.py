@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import ast
 import atexit
-import json
 import concurrent.futures
+import json
 import linecache
 import os
 import pickle

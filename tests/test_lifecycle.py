@@ -7,6 +7,7 @@ test_ranks.py, test_kernel.py); here each rule is checked by itself, in a second
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -72,7 +73,7 @@ def test_a_process_that_asked_dies_with_its_parent() -> None:
     finally:
         parent.kill()
         if alive(int(child_pid)):
-            os.kill(int(child_pid), 9)
+            os.kill(int(child_pid), signal.SIGKILL)
 
 
 def test_stop_leaves_nothing_of_a_group_that_ignores_sigterm_nor_of_a_straggler() -> None:
@@ -95,4 +96,4 @@ def test_stop_leaves_nothing_of_a_group_that_ignores_sigterm_nor_of_a_straggler(
     finally:
         pipe.close()
         for pid in marked_processes(MARK, tag):
-            os.kill(pid, 9)
+            os.kill(pid, signal.SIGKILL)
