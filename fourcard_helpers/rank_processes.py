@@ -13,8 +13,9 @@ never gets round to it, and torchrun then waits half a minute before it kills. H
 * SIGTERM to the controller (the kernel's stop), or the kernel's death (lifecycle.py's pipe),
   kills the controller's whole process group, which holds its helper processes.
 
-Both replace the `init_signal` method of ipyparallel's application classes (where ipyparallel
-installs its own, graceful handlers); this module is the only place that changes them.
+Both are ipyparallel's application classes with one method overridden, `init_signal` (where
+ipyparallel installs its own, graceful handlers), started with traitlets' public
+`launch_instance`, as ipyparallel's own `main` does: nothing of ipyparallel is patched.
 
 It imports nothing but the standard library before ipyparallel starts.
 """
@@ -41,28 +42,28 @@ def _kill_my_group(signum: int, frame: FrameType | None = None) -> None:
 def engine(argv: list[str]) -> None:
     """One rank: an ipyparallel engine that ends on SIGTERM or when torchrun dies."""
     die_with_parent(signal.SIGKILL)
-    from ipyparallel.engine.app import IPEngine, main
+    from ipyparallel.engine.app import IPEngine
 
-    def init_signal(self: IPEngine) -> None:
-        signal.signal(signal.SIGTERM, _exit_now)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # as ipyparallel: the kernel's Ctrl-C is not for ranks
+    class Engine(IPEngine):
+        def init_signal(self) -> None:
+            signal.signal(signal.SIGTERM, _exit_now)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # as ipyparallel: the kernel's Ctrl-C is not for ranks
 
-    IPEngine.init_signal = init_signal
-    main(argv)
+    Engine.launch_instance(argv)
 
 
 def controller(argv: list[str]) -> None:
     """ipyparallel's controller, which takes its helper processes with it on SIGTERM or when the
     kernel dies."""
     stop_when_kernel_dies(lambda: _kill_my_group(signal.SIGTERM))
-    from ipyparallel.controller.app import IPController, main
+    from ipyparallel.controller.app import IPController
 
-    def init_signal(self: IPController) -> None:
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, _kill_my_group)
+    class Controller(IPController):
+        def init_signal(self) -> None:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(signum, _kill_my_group)
 
-    IPController.init_signal = init_signal
-    main(argv)
+    Controller.launch_instance(argv)
 
 
 if __name__ == "__main__":
