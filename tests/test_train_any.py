@@ -1,4 +1,5 @@
-"""The training template `notebooks/scripts/train_any.py` under plain torchrun, on simulated cards.
+"""The training template `notebooks/scripts/train_any.py` under plain torchrun on simulated cards, and its
+input checks in-process through `main(argv)`.
 
 A model and data set of the test's own (a small MLP on 301 random points) are written to a
 module in a temporary folder, and the template is pointed at them with MODULE:FUNCTION, as a
@@ -9,18 +10,18 @@ every rank with a message that names the problem; no process outlives a run.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
 import torch.nn.functional as F
-
-pytestmark = pytest.mark.slow  # every test here starts ranks, a kernel or a browser: not in the fast tier
 
 SCRIPT = Path(__file__).resolve().parent.parent / "notebooks" / "scripts" / "train_any.py"
 
@@ -122,6 +123,7 @@ def ddp_two_epochs(workdir: Path) -> str:
     return train(workdir, 4, "ddp2", "--strategy", "ddp", "--epochs", "2")
 
 
+@pytest.mark.slow  # starts ranks
 def test_ddp_trains_and_leaves_a_plain_state_dict_and_metrics(workdir: Path, ddp_two_epochs: str) -> None:
     sys.path.insert(0, str(workdir))
     try:
@@ -144,6 +146,7 @@ def test_ddp_trains_and_leaves_a_plain_state_dict_and_metrics(workdir: Path, ddp
     assert rows[-1]["test_loss"] == pytest.approx(F.cross_entropy(logits, y).item(), rel=1e-5)
 
 
+@pytest.mark.slow  # starts ranks
 def test_one_epoch_then_resume_equals_two_epochs_straight(workdir: Path, ddp_two_epochs: str) -> None:
     train(workdir, 4, "ddp1", "--strategy", "ddp", "--epochs", "1")
     output = train(workdir, 4, "ddp1", "--strategy", "ddp", "--epochs", "2", "--resume")
@@ -162,12 +165,14 @@ def test_one_epoch_then_resume_equals_two_epochs_straight(workdir: Path, ddp_two
     assert sorted(p.name for p in (workdir / "ddp1").glob("epoch-*")) == ["epoch-0002"]
 
 
+@pytest.mark.slow  # starts ranks
 def test_fsdp_trains_the_same_model_as_ddp(workdir: Path, ddp_two_epochs: str) -> None:
     output = train(workdir, 4, "fsdp2", "--strategy", "fsdp", "--epochs", "2")
     assert "fsdp on 4 CPU processes" in output
     assert same(weights(workdir, "fsdp2"), weights(workdir, "ddp2"), exact=False)
 
 
+@pytest.mark.slow  # starts ranks
 def test_single_card_in_bf16(workdir: Path) -> None:
     output = train(workdir, 1, "single", "--strategy", "single", "--epochs", "1", "--precision", "bf16")
     assert "single on 1 CPU process with gloo" in output
@@ -175,6 +180,7 @@ def test_single_card_in_bf16(workdir: Path) -> None:
     assert weights(workdir, "single")["0.weight"].dtype == torch.float32  # autocast: weights stay fp32
 
 
+@pytest.mark.slow  # starts ranks
 def test_accumulation_equals_the_bigger_batch_and_fsdp_resumes_from_4_ranks_on_2(workdir: Path) -> None:
     plain = ("--model", "tiny:build_plain_model")
     run_plain = lambda folder, nproc, *args: run(  # noqa: E731
@@ -202,15 +208,32 @@ BAD_INPUTS = [
 ]
 
 
+@pytest.fixture(scope="module")
+def train_any() -> ModuleType:
+    """The template as a module: its checks run in this process through main(argv), no launch needed."""
+    spec = importlib.util.spec_from_file_location("train_any", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # defines main(); trains nothing until main() is called
+    return module
+
+
 @pytest.mark.parametrize("args, message", BAD_INPUTS, ids=[m for _, m in BAD_INPUTS])
-def test_bad_input_gets_a_clear_message(workdir: Path, args: tuple[str, ...], message: str) -> None:
+def test_bad_input_gets_a_clear_message(workdir: Path, train_any: ModuleType, args: tuple[str, ...], message: str,
+                                        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     given = dict(zip(args[::2], args[1::2]))
     given = {"--model": "tiny:build_model", "--data": "tiny:build_datasets", **given}
-    output = run(workdir, None, *[v for kv in given.items() for v in kv], "--strategy", "single",
-                 "--checkpoint-dir", "bad", ok=False)
-    assert "train_any: error:" in output and message in output, output
+    monkeypatch.chdir(workdir)  # main() imports MODULE from the current folder, as `python -m` would
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(SystemExit) as stopped:
+        train_any.main([*[v for kv in given.items() for v in kv], "--strategy", "single", "--checkpoint-dir", "bad"])
+    error = capsys.readouterr().err
+    assert stopped.value.code == 2 and error.startswith("train_any: error:") and message in error, error
+    assert not (workdir / "bad").exists()  # stopped before anything was written
 
 
+@pytest.mark.slow  # starts ranks
 def test_every_rank_stops_on_bad_input_and_one_says_why(workdir: Path, ddp_two_epochs: str) -> None:
     output = train(workdir, 4, "ddp2", "--strategy", "ddp", "--epochs", "3", "--resume",
                    model="build_other_model", ok=False)
