@@ -100,6 +100,16 @@ def test_rank_that_died_while_exiting(run: RunDir) -> None:
     assert "rank 1 of 2 finished its script, then died while exiting, by SIGKILL" in str(diagnose(run, 2, "", FAILED))
 
 
+def test_the_failing_ranks_own_lines_are_shown_not_the_others(run: RunDir) -> None:
+    """Four ranks print side by side; the message quotes only the failing rank's last lines."""
+    crashed(run, 2, mtime=100.0)
+    exited(run, 2, -6, "SIGABRT")
+    log = "".join(f"[rank{rank}] step {step}\n" for step in range(12) for rank in range(4))
+    text = str(diagnose(run, 4, log, FAILED))
+    shown = [line for line in text.splitlines() if line.startswith("[rank")]
+    assert shown == [f"[rank2] step {step}" for step in range(4, 12)]  # its last 8 lines, no other rank's
+
+
 def test_rank_that_aborted_after_its_last_line_is_told_about_the_exit_race(run: RunDir) -> None:
     """A script run without the course's worker (or one that ends through Python's teardown) can
     abort after its work is done: SIGABRT with the rank's DONE record written."""

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fourcard_helpers.rundir import ERROR, REPORT, RUN_DIR_ENV, RunDir
-from fourcard_helpers.worker import report
+from fourcard_helpers.reporting import report
 
 
 def test_records_are_named_by_kind_and_rank(tmp_path: Path) -> None:
@@ -23,13 +23,24 @@ def test_records_are_named_by_kind_and_rank(tmp_path: Path) -> None:
         run.file("errors", 0)
 
 
-def test_an_atomic_write_leaves_no_partial_record(tmp_path: Path) -> None:
+def test_an_atomic_write_leaves_no_partial_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     run = RunDir(tmp_path)
     run.write(ERROR, 0, "first")
     run.write(ERROR, 0, "second")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["error.0"]
     (tmp_path / "error.0.partial").write_text("half a rec")  # what a reader could meet mid-write
     assert run.read_text(ERROR) == {0: "second"}
+
+    def write_half_then_die(self: Path, text: str, encoding: str | None = None) -> int:  # a rank killed mid-write
+        with open(self, "w", encoding=encoding) as out:
+            out.write(text[: len(text) // 2])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Path, "write_text", write_half_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        run.write(ERROR, 0, "a third record")
+    monkeypatch.undo()
+    assert run.read_text(ERROR) == {0: "second"}  # the reader still sees the whole earlier record
 
 
 def test_report_sends_json_lines_per_rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
