@@ -29,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
-from fourcard_helpers.data import BatchIndexSampler, load_mnist  # noqa: E402
+from fourcard_helpers.data import load_mnist  # noqa: E402
+from fourcard_helpers.loaders import BatchIndexSampler  # noqa: E402
 
 
 def recipe_batches(loader: DataLoader, batch_size: int):

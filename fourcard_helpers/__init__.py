@@ -15,14 +15,14 @@ _EXPORTS = {
     "detect": "cards", "Cards": "cards", "CardsError": "cards",
     "torchrun": "launch", "LaunchResult": "launch", "LaunchError": "launch",
     "leftover_processes": "launch",
-    "report": "worker",
+    "report": "reporting",
     "load_mnist": "data", "load_mnist_raw": "data", "normalisation": "data",
     "download_full_mnist": "data", "MnistDataError": "data",
     "MnistCNN": "models",
     "RankSession": "ranks", "RankSessionError": "ranks",
 }
-_MODULES = {"cards", "launch", "rundir", "diagnose", "worker", "data", "models", "schedules", "plots", "check",
-            "costmodel", "magic", "ranks", "doctor", "preflight"}
+_MODULES = {"cards", "launch", "lifecycle", "rundir", "diagnose", "reporting", "worker", "agent", "data", "loaders",
+            "models", "schedules", "plots", "check", "costmodel", "magic", "ranks", "rank_processes", "doctor", "preflight"}
 
 __all__ = sorted(_EXPORTS) + sorted(_MODULES) + ["load_ipython_extension"]
 

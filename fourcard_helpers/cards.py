@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-ENV_VAR = "FOURCARD_DEVICE"
+from .rundir import DEVICE_ENV
+
 CHOICES = ("auto", "cpu", "cuda")
 
 
@@ -47,10 +48,10 @@ class Cards:
 
 def requested() -> str:
     """The user's choice from FOURCARD_DEVICE (auto when unset)."""
-    choice = os.environ.get(ENV_VAR, "auto").strip().lower() or "auto"
+    choice = os.environ.get(DEVICE_ENV, "auto").strip().lower() or "auto"
     if choice not in CHOICES:
         raise CardsError(
-            f"{ENV_VAR}={choice!r} is not understood: use one of {', '.join(CHOICES)} "
+            f"{DEVICE_ENV}={choice!r} is not understood: use one of {', '.join(CHOICES)} "
             f"(auto picks GPUs when there are enough, else simulated cards)."
         )
     return choice
@@ -70,18 +71,18 @@ def detect(nproc: int = 4) -> Cards:
     if choice == "cuda" or (choice == "auto" and gpus >= nproc):
         if gpus == 0:
             raise CardsError(
-                f"{ENV_VAR}=cuda but no GPU found: unset it (or set {ENV_VAR}=cpu) to use "
+                f"{DEVICE_ENV}=cuda but no GPU found: unset it (or set {DEVICE_ENV}=cpu) to use "
                 f"simulated cards, or run on a machine with {nproc} GPUs."
             )
         if gpus < nproc:
             raise CardsError(
                 f"{nproc} ranks asked for but {gpus} GPU{'s' if gpus > 1 else ''} found "
                 f"(NCCL needs one GPU per rank): pass nproc={gpus} or use simulated cards "
-                f"with {ENV_VAR}=cpu."
+                f"with {DEVICE_ENV}=cpu."
             )
         return Cards("cuda", nproc, "nccl", names, "GPUs found")
     if choice == "cpu":
-        reason = f"{ENV_VAR}=cpu"
+        reason = f"{DEVICE_ENV}=cpu"
     elif gpus == 0:
         reason = "no GPU found"
     else:

@@ -15,8 +15,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from .rundir import CRASH, DONE, ERROR, EXIT, RunDir
-from .worker import shorten_paths
+from .rundir import CRASH, DONE, ERROR, EXIT, RunDir, rank_prefix
+from .reporting import shorten_paths
 
 
 class LaunchError(RuntimeError):
@@ -94,7 +94,7 @@ def hint_for(text: str, simulated: bool) -> str:
 
 def rank_tail(log: str, rank: int, lines: int = 8) -> str:
     """The last `lines` lines rank `rank` printed, from the launch's prefixed output."""
-    mine = [line for line in log.splitlines(True) if line.startswith(f"[rank{rank}] ")]
+    mine = [line for line in log.splitlines(True) if line.startswith(rank_prefix(rank))]
     return "".join(mine[-lines:])
 
 

@@ -41,9 +41,10 @@ from typing import Any, Iterable, Mapping
 from .cards import Cards, detect
 from .diagnose import Ending, LaunchError, diagnose
 from .doctor import examine
-from .lifecycle import LAUNCHER_ENV, KernelPipe, marked_processes, stop
-from .rundir import DOCTOR, DOCTOR_ENV, ERROR, LABEL_ENV, PID, REPORT, RUN_DIR_ENV, STDERR, STDOUT, RunDir
-from .worker import REPO_ROOT
+from .lifecycle import KernelPipe, marked_processes, stop
+from .rundir import (DEVICE_ENV, DOCTOR, DOCTOR_ENV, ERROR, LABEL_ENV, LAUNCHER_ENV, PID, REPORT, RUN_DIR_ENV, STDERR,
+                     STDOUT, RunDir, rank_prefix)
+from .reporting import REPO_ROOT
 
 __all__ = ["torchrun", "LaunchResult", "LaunchError", "leftover_processes", "rank_environment"]
 
@@ -103,7 +104,7 @@ def rank_environment(cards: Cards, run_dir: Path, label: str, extra: Mapping[str
         {
             "PYTHONUNBUFFERED": "1",  # lines reach the notebook as they are printed
             "OMP_NUM_THREADS": str(max(1, cores // cards.count)),  # share cores, do not fight
-            "FOURCARD_DEVICE": cards.kind,  # every rank makes the kernel's choice of cards
+            DEVICE_ENV: cards.kind,  # every rank makes the kernel's choice of cards
             "MPLBACKEND": "Agg",  # the kernel's inline backend does not exist in a rank
             RUN_DIR_ENV: str(run_dir),
             LAUNCHER_ENV: str(os.getpid()),  # lets leftover_processes() find what we started
@@ -287,7 +288,7 @@ class _Launch:
             for rank, path in self.run.ranks(kind).items():
                 stream = self.streams.setdefault((kind, rank), _RankStream(path))
                 for piece in stream.read(final):
-                    line = f"[rank{rank}] {piece}"
+                    line = rank_prefix(rank) + piece
                     self.lines.append(line)
                     if self.echo:
                         out.write(line)

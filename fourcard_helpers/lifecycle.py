@@ -16,7 +16,7 @@ interrupted, the kernel restarts or is killed), none of them may stay behind. Th
   short-lived thread would die mid-run. The pipe needs neither.
 * **Gone with torchrun.** torchrun starts each rank in a session of its own, so a rank asks Linux,
   in itself after exec, to kill it when its parent dies (`die_with_parent`).
-* **Marked.** Every process carries LAUNCHER_ENV (the kernel's pid) in its environment:
+* **Marked.** Every process carries rundir.LAUNCHER_ENV (the kernel's pid) in its environment:
   `marked_processes` finds what is left, whatever its group.
 * **One stop sequence** (`stop`): SIGTERM to each group (torchrun passes it on to its ranks), a
   grace period, SIGKILL; then SIGKILL to every marked process still there (ranks in sessions of
@@ -36,8 +36,8 @@ import time
 from pathlib import Path
 from typing import IO, Callable, Iterable
 
-LAUNCHER_ENV = "FOURCARD_LAUNCHER_PID"  # in every process a notebook starts: the kernel's pid
-WATCH_FD_ENV = "FOURCARD_WATCH_FD"  # a tree's root: the read end of the kernel's pipe
+from .rundir import WATCH_FD_ENV
+
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 

@@ -51,10 +51,9 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class, needs_loca
 from .cards import Cards, detect
 from .launch import rank_environment
 from .lifecycle import KernelPipe, alive, marked_processes, stop
-from .rundir import EXIT, REPORT, RunDir
-from .worker import shorten_paths
+from .rundir import EXIT, REPORT, SESSION_ENV, RunDir, rank_prefix
+from .reporting import shorten_paths
 
-SESSION_ENV = "FOURCARD_RANKS_SESSION"  # marks this session's processes, to stop every one of them
 POLL_SECONDS = 0.05  # how often a waiting cell checks that every rank is still there
 GRACE_SECONDS = 3.0  # how long torchrun and the controller get to stop before SIGKILL
 VERDICT_SECONDS = 60.0  # at most how long to wait for torchrun's verdict on which rank failed first
@@ -397,7 +396,7 @@ class RankSession:
                 for stream, out in (("stdout", sys.stdout), ("stderr", sys.stderr)):
                     text = getattr(done[rank], stream, "") or ""
                     for line in text.splitlines(True):
-                        out.write(f"[rank{rank}] {line}" + ("" if line.endswith("\n") else "\n"))
+                        out.write(rank_prefix(rank) + line + ("" if line.endswith("\n") else "\n"))
             sys.stdout.flush()
             sys.stderr.flush()
         self._take_reports(echo and self.echo)
@@ -414,7 +413,7 @@ class RankSession:
                 values = json.loads(line)
                 self.reports.setdefault(rank, {}).update(values)
                 if echo:
-                    print(f"[rank{rank}] report: {line.rstrip()}", flush=True)
+                    print(f"{rank_prefix(rank)}report: {line.rstrip()}", flush=True)
 
     def run(self, code: str, timeout: float | None = None, echo: bool = True) -> list[Any]:
         """Run `code` on every rank; returns each rank's value of its last expression (rank order).

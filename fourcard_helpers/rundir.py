@@ -28,13 +28,24 @@ import os
 from pathlib import Path
 from typing import Any
 
+# The environment variables through which the notebook speaks to what it starts (every one the
+# package reads or sets is named here, and only here).
 RUN_DIR_ENV = "FOURCARD_RUN_DIR"  # where this launch's records go
 LABEL_ENV = "FOURCARD_SCRIPT_LABEL"  # the name tracebacks show for the script
 DOCTOR_ENV = "FOURCARD_DOCTOR"  # "0": ranks do not watch the script for data-parallel mistakes
+DEVICE_ENV = "FOURCARD_DEVICE"  # the learner's choice of cards (cards.py); a launch passes the kernel's on
+LAUNCHER_ENV = "FOURCARD_LAUNCHER_PID"  # in every process a notebook starts: the kernel's pid (lifecycle.py)
+WATCH_FD_ENV = "FOURCARD_WATCH_FD"  # a tree's root: the read end of the kernel's pipe (lifecycle.py)
+SESSION_ENV = "FOURCARD_RANKS_SESSION"  # in every process of one warm session (ranks.py)
 
 PID, STDOUT, STDERR, REPORT, ERROR, CRASH, DONE, EXIT, DOCTOR = (
     "pid", "stdout", "stderr", "report", "error", "crash", "done", "exit", "doctor")
 KINDS = (PID, STDOUT, STDERR, REPORT, ERROR, CRASH, DONE, EXIT, DOCTOR)
+
+
+def rank_prefix(rank: int) -> str:
+    """How the notebook marks a line of rank `rank`'s output: `[rank2] loss 0.31`."""
+    return f"[rank{rank}] "
 
 
 class RunDir:

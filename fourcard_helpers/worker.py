@@ -4,7 +4,7 @@
 module runs the lesson's script as `__main__`, as `python SCRIPT` would, and leaves the
 records the notebook reads in the run folder (see rundir.py):
 
-* `report(**values)` sends results back to the notebook (a JSON line per call);
+* what the script passes to `report(**values)` arrives as JSON lines (reporting.py);
 * the rank's output goes to its own files, so the notebook can show each line with its rank;
 * an exception (or a non-zero `sys.exit`) is written down with its time, so the notebook can
   show the first failing rank's traceback instead of torchrun's summary of every SIGTERM;
@@ -34,76 +34,17 @@ import functools
 import io
 import linecache
 import os
-import re
 import sys
 import threading
 import time
 import traceback
 import weakref
-from pathlib import Path, PurePath
+from pathlib import Path
 from typing import Any
 
 from .lifecycle import die_with_parent
-from .rundir import CRASH, DOCTOR, DOCTOR_ENV, DONE, ERROR, LABEL_ENV, PID, REPORT, RUN_DIR_ENV, STDERR, STDOUT, RunDir
-
-__all__ = ["report", "shorten_paths", "RUN_DIR_ENV", "LABEL_ENV", "REPO_ROOT"]
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-def _rank() -> int:
-    return int(os.environ.get("RANK", "0"))
-
-
-def _jsonable(value: Any, name: str) -> Any:
-    """Plain JSON data for a reported value: tensors and numpy values become (nested) lists or
-    numbers; dtypes, devices and paths their printed form, which is what a lesson compares.
-
-    Anything else is refused: its printed form ('<object object at 0x...>') would arrive in
-    the notebook looking like data and mean nothing.
-    """
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, dict):
-        return {str(key): _jsonable(item, f"{name}[{key!r}]") for key, item in value.items()}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return [_jsonable(item, f"{name}[{index}]") for index, item in enumerate(value)]
-    if hasattr(value, "tolist"):  # torch.Tensor, numpy arrays and scalars
-        return _jsonable(value.detach().cpu().tolist() if hasattr(value, "detach") else value.tolist(), name)
-    if hasattr(value, "item"):
-        return _jsonable(value.item(), name)
-    if isinstance(value, PurePath) or type(value).__name__ in ("dtype", "device", "DType") or \
-            type(value).__module__.startswith("numpy"):
-        return str(value)
-    raise TypeError(
-        f"report({name}=...) got a value of type {type(value).__module__}.{type(value).__qualname__}, "
-        "which cannot travel to the notebook: report numbers, strings, lists, dicts, tensors or "
-        f"numpy values (pass str(...) if its printed form is what you want to compare)."
-    )
-
-
-def report(**values: Any) -> None:
-    """Send values from this rank back to the notebook (`LaunchResult.reports[rank]`).
-
-    Tensors become nested lists, so keep them small (a few hundred thousand numbers at
-    most). Run outside the course's launcher (a script started with plain `torchrun`), the
-    values are printed instead, so the same script still tells you its results.
-    """
-    import json  # only a reporting rank pays for it
-
-    data = {name: _jsonable(value, name) for name, value in values.items()}
-    run = RunDir.from_env()
-    if run is None:
-        print(f"report from rank {_rank()}: {json.dumps(data)}", flush=True)
-        return
-    run.append_json(REPORT, _rank(), data)
-
-
-def shorten_paths(text: str) -> str:
-    """Replace machine-specific prefixes in a traceback with short, portable ones."""
-    text = re.sub(r'"[^"\n]*?/site-packages/', '"<site-packages>/', text)
-    text = re.sub(r'"[^"\n]*?/lib/python3\.\d+/', '"<python>/', text)
-    return text.replace(str(REPO_ROOT) + os.sep, "")
+from .reporting import shorten_paths, this_rank
+from .rundir import CRASH, DOCTOR, DOCTOR_ENV, DONE, ERROR, LABEL_ENV, PID, STDERR, STDOUT, RunDir
 
 
 def _die_with_parent() -> None:
@@ -125,7 +66,8 @@ def _redirect_output(run: RunDir, rank: int) -> None:
 
 def _error_record(error: BaseException, rank: int, when: float) -> dict[str, Any]:
     # The script's frames (and the libraries it called), not this module's exec or report().
-    plumbing = {str(Path(__file__).resolve()), str(Path(__file__).resolve().with_name("rundir.py"))}
+    here = Path(__file__).resolve()
+    plumbing = {str(here), str(here.with_name("rundir.py")), str(here.with_name("reporting.py"))}
     frames = [frame for frame in traceback.extract_tb(error.__traceback__)
               if str(Path(frame.filename).resolve()) not in plumbing]
     lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames)]
@@ -192,7 +134,7 @@ def main(argv: list[str]) -> None:
     if not argv:
         sys.exit("usage: python -m fourcard_helpers.worker SCRIPT [ARGS...]")
     _die_with_parent()
-    rank = _rank()
+    rank = this_rank()
     run = RunDir.from_env()
     if run is not None:
         _redirect_output(run, rank)

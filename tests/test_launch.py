@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from fourcard_helpers.launch import LaunchError, leftover_processes, torchrun
+from fourcard_helpers.rundir import DEVICE_ENV, RUN_DIR_ENV
 
 
 INIT = """
@@ -268,7 +269,7 @@ def test_a_script_ends_as_it_would_in_a_terminal(tmp_path: Path) -> None:
     (tmp_path / "plain").mkdir()
     (tmp_path / "launcher").mkdir()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop("FOURCARD_RUN_DIR", None)
+    env.pop(RUN_DIR_ENV, None)
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                     str(path), str(tmp_path / "plain")], check=True, env=env, capture_output=True)
     torchrun(path, nproc=2, args=[str(tmp_path / "launcher")], timeout=300, echo=False)
@@ -321,8 +322,8 @@ def test_a_script_that_ends_with_os_exit_ends_the_same_way_in_both_launchers(tmp
     are the same."""
     path = tmp_path / "ending.py"
     path.write_text(ENDS_WITH_OS_EXIT)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "FOURCARD_DEVICE": "cpu", "PYTHONUNBUFFERED": "0"}
-    env.pop("FOURCARD_RUN_DIR", None)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", DEVICE_ENV: "cpu", "PYTHONUNBUFFERED": "0"}
+    env.pop(RUN_DIR_ENV, None)
     plain = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                             str(path), str(code)], env=env, capture_output=True, text=True)
     for rank in (0, 1):

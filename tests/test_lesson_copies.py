@@ -9,12 +9,12 @@ import inspect
 
 import pytest
 
-from fourcard_helpers import data, schedules
+from fourcard_helpers import loaders, schedules
 from test_notebooks import NOTEBOOKS, cells, source
 
 COPIES = [  # (lesson, name, the package's object)
-    ("04_data_loading", "BatchIndexSampler", data.BatchIndexSampler),
-    ("04_data_loading", "seed_worker", data.seed_worker),
+    ("04_data_loading", "BatchIndexSampler", loaders.BatchIndexSampler),
+    ("04_data_loading", "seed_worker", loaders.seed_worker),
     ("07_model_and_pipeline_parallel", "pipeline_order", schedules.pipeline_order),  # the ranks' scripts import it
     ("07_model_and_pipeline_parallel", "simulate_pipeline", schedules.simulate_pipeline),  # tests check its bubble
     ("07_model_and_pipeline_parallel", "idle_fraction", schedules.idle_fraction),

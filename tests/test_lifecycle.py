@@ -37,7 +37,8 @@ def test_a_root_stops_when_the_kernels_end_of_the_pipe_closes() -> None:
     pipe = KernelPipe()
     root = pipe.start(python("""
         import os, sys, time
-        from fourcard_helpers.lifecycle import WATCH_FD_ENV, stop_when_kernel_dies
+        from fourcard_helpers.lifecycle import stop_when_kernel_dies
+        from fourcard_helpers.rundir import WATCH_FD_ENV
         stop_when_kernel_dies(lambda: os._exit(7))
         print(WATCH_FD_ENV in os.environ, flush=True)  # popped: the root's children do not inherit it
         time.sleep(600)

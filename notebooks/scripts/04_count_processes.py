@@ -7,7 +7,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler
 
 from fourcard_helpers import detect, report
-from fourcard_helpers.data import SyntheticCostDataset
+from fourcard_helpers.loaders import SyntheticCostDataset
 
 cards = detect(int(os.environ["WORLD_SIZE"]))
 dist.init_process_group(cards.backend)

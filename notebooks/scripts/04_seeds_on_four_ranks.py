@@ -8,7 +8,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
 from fourcard_helpers import detect, report
-from fourcard_helpers.data import RandomShiftDataset, load_mnist_raw
+from fourcard_helpers.data import load_mnist_raw
+from fourcard_helpers.loaders import RandomShiftDataset
 from fourcard_helpers.models import MnistCNN
 
 cards = detect(int(os.environ["WORLD_SIZE"]))

@@ -1,0 +1,76 @@
+"""What a rank sends back to the notebook: `report()`'s values, and tracebacks with portable paths.
+
+A lesson's script calls `report(name=value, ...)` in each rank; the launcher gathers the values
+into `LaunchResult.reports[rank]` (and the warm session into `RankSession.reports`). Values
+travel as JSON lines in the run folder (rundir.py), so only plain data can travel: numbers,
+strings, lists, dicts, tensors and numpy values; anything else is refused where it is reported,
+not found meaningless in the notebook later.
+
+Standard library only until a value needs converting: every rank imports this.
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path, PurePath
+from typing import Any
+
+from .rundir import REPORT, RunDir
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def this_rank() -> int:
+    """This process's global rank (0 outside a launch, as for a plain `python script.py`)."""
+    return int(os.environ.get("RANK", "0"))
+
+
+def _jsonable(value: Any, name: str) -> Any:
+    """Plain JSON data for a reported value: tensors and numpy values become (nested) lists or
+    numbers; dtypes, devices and paths their printed form, which is what a lesson compares.
+
+    Anything else is refused: its printed form ('<object object at 0x...>') would arrive in
+    the notebook looking like data and mean nothing.
+    """
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, dict):
+        return {str(key): _jsonable(item, f"{name}[{key!r}]") for key, item in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_jsonable(item, f"{name}[{index}]") for index, item in enumerate(value)]
+    if hasattr(value, "tolist"):  # torch.Tensor, numpy arrays and scalars
+        return _jsonable(value.detach().cpu().tolist() if hasattr(value, "detach") else value.tolist(), name)
+    if hasattr(value, "item"):
+        return _jsonable(value.item(), name)
+    if isinstance(value, PurePath) or type(value).__name__ in ("dtype", "device", "DType") or \
+            type(value).__module__.startswith("numpy"):
+        return str(value)
+    raise TypeError(
+        f"report({name}=...) got a value of type {type(value).__module__}.{type(value).__qualname__}, "
+        "which cannot travel to the notebook: report numbers, strings, lists, dicts, tensors or "
+        f"numpy values (pass str(...) if its printed form is what you want to compare)."
+    )
+
+
+def report(**values: Any) -> None:
+    """Send values from this rank back to the notebook (`LaunchResult.reports[rank]`).
+
+    Tensors become nested lists, so keep them small (a few hundred thousand numbers at
+    most). Run outside the course's launcher (a script started with plain `torchrun`), the
+    values are printed instead, so the same script still tells you its results.
+    """
+    import json  # only a reporting rank pays for it
+
+    data = {name: _jsonable(value, name) for name, value in values.items()}
+    run = RunDir.from_env()
+    if run is None:
+        print(f"report from rank {this_rank()}: {json.dumps(data)}", flush=True)
+        return
+    run.append_json(REPORT, this_rank(), data)
+
+
+def shorten_paths(text: str) -> str:
+    """Replace machine-specific prefixes in a traceback with short, portable ones."""
+    text = re.sub(r'"[^"\n]*?/site-packages/', '"<site-packages>/', text)
+    text = re.sub(r'"[^"\n]*?/lib/python3\.\d+/', '"<python>/', text)
+    return text.replace(str(REPO_ROOT) + os.sep, "")
