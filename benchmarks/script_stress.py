@@ -18,6 +18,8 @@ what they looked like:
 `--busy K` starts K processes that spin on a core each, beside the launches (a machine under
 load); `--omp1` sets OMP_NUM_THREADS=1 (the tests' setting too). Staged failures (cells tagged
 `raises-exception`) must fail every time: for them a success is counted as the failure.
+Two scripts read what an earlier one wrote (NEEDS below): select the writer too (`-k 12_fsdp_`),
+or every launch of the reader fails for want of its file.
 """
 from __future__ import annotations
 
@@ -41,6 +43,12 @@ SIGNATURES = (  # (what it is called here, text that marks it in the launch's ou
     ("store lost", "RendezvousConnectionError"),
     ("exit barrier", "wait timeout after"),
 )
+
+
+NEEDS = {  # script → the shipped script whose files it reads (in the same temporary folder)
+    "scripts/05_evaluate_checkpoint.py": "scripts/05_ddp_recipe.py",
+    "scripts/12_fsdp_load_on_two.py": "scripts/12_fsdp_save_on_four.py",
+}
 
 
 def signature(text: str, codes: list[int | None]) -> str:
@@ -71,6 +79,10 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, help="write each failed launch's output into this folder")
     args = parser.parse_args()
     launches = [launch for launch in shipped_launches() if args.k in launch[0]]
+    chosen = {launch[0] for launch in launches}
+    missing = sorted(f"{NEEDS[script]} (for {script})" for script in chosen if NEEDS.get(script, script) not in chosen)
+    if missing:
+        parser.error("-k leaves out what a selected script reads: " + ", ".join(missing) + "; widen -k")
     env = {"OMP_NUM_THREADS": "1"} if args.omp1 else {}
     busy = [multiprocessing.Process(target=spin, daemon=True) for _ in range(args.busy)]
     for proc in busy:
