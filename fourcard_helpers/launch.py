@@ -44,7 +44,7 @@ from .doctor import examine
 from .lifecycle import KernelPipe, marked_processes, stop
 from .rundir import (DEVICE_ENV, DOCTOR, DOCTOR_ENV, ERROR, LABEL_ENV, LAUNCHER_ENV, PID, REPORT, RUN_DIR_ENV, STDERR,
                      STDOUT, RunDir, rank_prefix)
-from .reporting import REPO_ROOT
+from .reporting import REPO_ROOT, shorten_paths
 
 __all__ = ["torchrun", "LaunchResult", "LaunchError", "leftover_processes", "rank_environment"]
 
@@ -283,12 +283,13 @@ class _Launch:
         return Over.FINISHED
 
     def pump(self, final: bool = False) -> None:
-        """Forward every new line of every rank to the notebook."""
+        """Forward every new line of every rank to the notebook, with this machine's paths shortened
+        (a stack a rank writes itself, such as faulthandler's, names the files it passes through)."""
         for kind, out in ((STDOUT, sys.stdout), (STDERR, sys.stderr)):
             for rank, path in self.run.ranks(kind).items():
                 stream = self.streams.setdefault((kind, rank), _RankStream(path))
                 for piece in stream.read(final):
-                    line = rank_prefix(rank) + piece
+                    line = rank_prefix(rank) + shorten_paths(piece)
                     self.lines.append(line)
                     if self.echo:
                         out.write(line)
