@@ -1,6 +1,6 @@
 """Do gloo ranks come back after an elastic restart, with and without their own rendezvous store?
 
-    python benchmarks/restart_store.py [--repeats 4] [--timeout 150] [--out notebooks/measured/12_restart_store.json]
+    python benchmarks/restart_store.py [--repeats 20] [--timeout 60] [--out notebooks/measured/12_restart_store.json]
 
 Launches a 2-rank script under `--max-restarts=1` whose rank 1 SIGKILLs itself on the first
 attempt, alternating TORCH_DISABLE_SHARE_RDZV_TCP_STORE=0 (torchrun's default: the ranks of every
@@ -8,8 +8,9 @@ attempt share one store that the agent keeps) and =1 (what the launcher sets for
 launch.py), and records how each launch ended: restarted and finished; failed to connect (an
 error that names a connection, such as a restarted rank dialling the dead attempt's address);
 failed otherwise; or not finished when --timeout ran out (this cannot tell where the launch was
-waiting, only that it had not ended). Lesson 12 prints the counts from --out. Outcomes vary from
-run to run, which is why this is a measurement and not a test.
+waiting, only that it had not ended; a launch that restarts and finishes takes about 10 s on 2 cores). Lesson 12
+prints the counts from --out, and each launch's outcome and seconds in the order they ran. Outcomes vary
+from run to run, which is why this is a measurement and not a test.
 """
 from __future__ import annotations
 
@@ -53,13 +54,14 @@ def outcome(error: LaunchError) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.partition("\n")[0])
-    parser.add_argument("--repeats", type=int, default=4)
-    parser.add_argument("--timeout", type=float, default=150)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--timeout", type=float, default=60)
     parser.add_argument("--out", type=Path, default=OUT, help="where to write the counts (JSON)")
     args = parser.parse_args()
     script = Path(tempfile.mkdtemp()) / "restart.py"
     script.write_text(SCRIPT)
     outcomes: dict[str, Counter[str]] = {"0": Counter(), "1": Counter()}
+    launches: dict[str, list[list]] = {"0": [], "1": []}  # [outcome, seconds] in the order they ran
     for _ in range(args.repeats):
         for value in ("0", "1"):  # alternating, so that machine load hits both alike
             started = time.monotonic()
@@ -69,8 +71,10 @@ def main() -> None:
                 how = "restarted and finished" if result.values("attempt") == [1, 1] else "finished without a restart"
             except LaunchError as error:
                 how = outcome(error)
+            seconds = time.monotonic() - started
             outcomes[value][how] += 1
-            print(f"{RESTART_ENV}={value}: {how} ({time.monotonic() - started:.1f} s)", flush=True)
+            launches[value].append([how, round(seconds, 1)])
+            print(f"{RESTART_ENV}={value}: {how} ({seconds:.1f} s)", flush=True)
     for value, counts in outcomes.items():
         print(f"{RESTART_ENV}={value}: " + ", ".join(f"{n} {how}" for how, n in sorted(counts.items())))
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
@@ -81,6 +85,7 @@ def main() -> None:
                        f"attempt, timeout {args.timeout:g} s per launch, load average {load:.1f} at the end"),
         "launches_per_setting": args.repeats,
         "outcomes": {f"{RESTART_ENV}={value}": dict(sorted(counts.items())) for value, counts in outcomes.items()},
+        "launches": {f"{RESTART_ENV}={value}": runs for value, runs in launches.items()},
     }, indent=1) + "\n")
     print(f"written to {args.out.name}")
 

@@ -1,0 +1,22 @@
+"""A stuck job: where is each rank? faulthandler writes every rank's Python stack while it waits."""
+import faulthandler
+import os
+import sys
+import time
+
+import torch.distributed as dist
+
+from fourcard_helpers import detect
+
+cards = detect(int(os.environ["LOCAL_WORLD_SIZE"]))
+dist.init_process_group(cards.backend)
+rank = dist.get_rank()
+dist.barrier()  # all four have started: the watchdogs count from here
+faulthandler.dump_traceback_later(4)  # still running in 4 s? Then write every thread's stack to stderr
+if rank == 3:
+    time.sleep(8)  # stuck: a dead disk, a deadlock, ...
+    sys.exit("rank 3: stuck for 8 s, ended for this demonstration")
+dist.barrier()  # ranks 0, 1 and 2 wait here for rank 3
+faulthandler.cancel_dump_traceback_later()
+dist.destroy_process_group()
+sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
