@@ -70,7 +70,7 @@ def report(**values: Any) -> None:
 
 
 def shorten_paths(text: str) -> str:
-    """Replace machine-specific prefixes in a traceback with short, portable ones."""
+    """Replace machine-specific prefixes in a traceback (or in a line a rank printed) with short, portable ones."""
     text = re.sub(r'"[^"\n]*?/site-packages/', '"<site-packages>/', text)
     text = re.sub(r'"[^"\n]*?/lib/python3\.\d+/', '"<python>/', text)
     return text.replace(str(REPO_ROOT) + os.sep, "")

@@ -28,8 +28,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-# The environment variables through which the notebook speaks to what it starts (every one the
-# package reads or sets is named here, and only here).
+# The course's own environment variables (FOURCARD_*), through which the notebook speaks to what it
+# starts: every one the package reads or sets is named here, and only here.
 RUN_DIR_ENV = "FOURCARD_RUN_DIR"  # where this launch's records go
 LABEL_ENV = "FOURCARD_SCRIPT_LABEL"  # the name tracebacks show for the script
 DOCTOR_ENV = "FOURCARD_DOCTOR"  # "0": ranks do not watch the script for data-parallel mistakes
