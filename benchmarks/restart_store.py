@@ -5,12 +5,12 @@
 Launches a 2-rank script under `--max-restarts=1` whose rank 1 SIGKILLs itself on the first
 attempt, alternating TORCH_DISABLE_SHARE_RDZV_TCP_STORE=0 (torchrun's default: the ranks of every
 attempt share one store that the agent keeps) and =1 (what the launcher sets for restarts, see
-launch.py), and records how each launch ended: restarted and finished; failed to connect (an
-error that names a connection, such as a restarted rank dialling the dead attempt's address);
-failed otherwise; or not finished when --timeout ran out (this cannot tell where the launch was
-waiting, only that it had not ended; a launch that restarts and finishes takes about 10 s on 2 cores). Lesson 12
-prints the counts from --out, and each launch's outcome and seconds in the order they ran. Outcomes vary
-from run to run, which is why this is a measurement and not a test.
+launch.py), and records how each launch ended: restarted and finished; failed, naming a connection
+(the launcher's error mentions one: a refused or closed connection, such as a restarted rank
+dialling the dead attempt's address); failed otherwise; or not finished when --timeout ran out
+(this cannot tell a hang from a slow launch, only that it had not ended). Lesson 12 prints the
+counts from --out, and each launch's ending and seconds in the order they ran. Outcomes vary from
+run to run, which is why this is a measurement and not a test.
 """
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def outcome(error: LaunchError) -> str:
     text = str(error)
     if "timeout" in text.split(";")[0]:
         return "not finished at the timeout"
-    return "failed to connect" if "connect" in text.lower() else "failed otherwise"
+    return "failed, naming a connection" if "connect" in text.lower() else "failed otherwise"
 
 
 def main() -> None:
