@@ -20,7 +20,6 @@ def adam(master, grad, m, v, t, lr=1e-2, b1=0.9, b2=0.999, eps=1e-8):   # as in 
     master.addcdiv_(m / (1 - b1 ** t), (v / (1 - b2 ** t)).sqrt_().add_(eps), value=-lr)
 def held(*tensors):                                   # bytes of distinct storages
     return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
-
 out, same, init = {}, {}, torch.randn(P, generator=torch.Generator().manual_seed(0)).to(device) * 0.05   # one start for all
 warm = init.bfloat16().requires_grad_()               # a throwaway step: on a GPU the first matrix products allocate
 torch.autograd.grad(forward(warm, torch.zeros(32, 64, device=device, dtype=torch.bfloat16)).sum(), warm)
