@@ -15,8 +15,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from .rundir import CRASH, DONE, ERROR, EXIT, RunDir, rank_prefix
 from .reporting import shorten_paths
+from .rundir import CRASH, DONE, ERROR, EXIT, RunDir, rank_prefix
 
 
 class LaunchError(RuntimeError):

@@ -42,9 +42,9 @@ from .cards import Cards, detect
 from .diagnose import Ending, LaunchError, diagnose
 from .doctor import examine
 from .lifecycle import KernelPipe, marked_processes, stop
+from .reporting import REPO_ROOT, shorten_paths
 from .rundir import (DEVICE_ENV, DOCTOR, DOCTOR_ENV, ERROR, LABEL_ENV, LAUNCHER_ENV, PID, REPORT, RUN_DIR_ENV, STDERR,
                      STDOUT, RunDir, rank_prefix)
-from .reporting import REPO_ROOT, shorten_paths
 
 __all__ = ["torchrun", "LaunchResult", "LaunchError", "leftover_processes", "rank_environment"]
 

@@ -51,8 +51,8 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class, needs_loca
 from .cards import Cards, detect
 from .launch import rank_environment
 from .lifecycle import KernelPipe, alive, marked_processes, stop
-from .rundir import EXIT, REPORT, SESSION_ENV, RunDir, rank_prefix
 from .reporting import shorten_paths
+from .rundir import EXIT, REPORT, SESSION_ENV, RunDir, rank_prefix
 
 POLL_SECONDS = 0.05  # how often a waiting cell checks that every rank is still there
 GRACE_SECONDS = 3.0  # how long torchrun and the controller get to stop before SIGKILL
