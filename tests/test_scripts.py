@@ -152,8 +152,11 @@ def test_fully_shard_calls_name_their_mesh() -> None:
 
 
 def ends_without_teardown(text: str) -> bool:
-    """Whether a script's last two statements are `sys.stdout.flush()` and `os._exit(0)`."""
+    """Whether a script's last two statements are `sys.stdout.flush()` and `os._exit(0)`, at the top
+    level or as the end of a closing `if __name__ == "__main__":` (a script with a `main()`)."""
     body = ast.parse(text).body
+    if body and isinstance(body[-1], ast.If) and ast.unparse(body[-1].test) == "__name__ == '__main__'":
+        body = body[-1].body
     return len(body) >= 2 and [ast.unparse(node) for node in body[-2:]] == ["sys.stdout.flush()", "os._exit(0)"]
 
 
@@ -164,6 +167,8 @@ def test_every_script_that_joins_a_group_leaves_it_then_skips_pythons_teardown()
     every shipped script that joins a group leaves it, flushes its output and ends with os._exit(0)."""
     assert ends_without_teardown("import os, sys\nsys.stdout.flush(); os._exit(0)\n")
     assert not ends_without_teardown("import os, sys\nos._exit(0)\nsys.stdout.flush()\n")
+    assert ends_without_teardown("import os, sys\nif __name__ == '__main__':\n    main()\n    sys.stdout.flush(); os._exit(0)\n")
+    assert not ends_without_teardown("import os, sys\nif __name__ == '__main__':\n    main()\n")
     offenders = []
     for path in sorted((NOTEBOOK_DIR / "scripts").glob("*.py")):
         text = path.read_text(encoding="utf-8")
