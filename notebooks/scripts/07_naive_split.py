@@ -51,9 +51,10 @@ for name, dtype in (("float32", torch.float32), ("float64", torch.float64)):  # 
         if not first:
             dist.send(inputs.grad, dst=rank - 1)
         optimizer.step()
-        if step == 0:
+        if step == 0:  # step 1 starts from the same weights everywhere: the float32 check's moment
             logits = outputs.detach() if last else None
-    report(**{name: dict(events=events, weights=stage.state_dict(), logits=logits,
+            weights_after_one = {key: value.clone() for key, value in stage.state_dict().items()}
+    report(**{name: dict(events=events, weights=stage.state_dict(), weights_after_one=weights_after_one, logits=logits,
                          peak_bytes=torch.cuda.max_memory_allocated(device) if cards.kind == "cuda" else None)})
 dist.destroy_process_group()
 sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)

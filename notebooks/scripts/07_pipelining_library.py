@@ -16,6 +16,7 @@ CUTS = [0, 3, 6, 9, 10]
 MICRO_BATCHES, STEPS = 4, 3
 images, labels = load_mnist("train").tensors
 weights = {"float32": {}, "float64": {}}
+after_one = {"float32": {}, "float64": {}}  # after step 1, for the float32 check (it starts from the same weights)
 for name, dtype in (("float32", torch.float32), ("float64", torch.float64)):  # float64: the exactness check
     x, y = images[:64].to(device, dtype), labels[:64].to(device)
     torch.manual_seed(0)
@@ -45,10 +46,12 @@ for name, dtype in (("float32", torch.float32), ("float64", torch.float64)):  # 
                 else:
                     schedule.step()
                 optimizer.step()
+                if step == 0:
+                    after_one[name][f"{build}, {Schedule.__name__}"] = {k: v.clone() for k, v in part.state_dict().items()}
             # clone: the next setup reloads the initial weights into these same tensors
             weights[name][f"{build}, {Schedule.__name__}"] = {key: value.clone() for key, value in part.state_dict().items()}
             if rank == 0:
                 print(f"{name} {build:8} {Schedule.__name__:13} done", flush=True)
-report(weights=weights)
+report(weights=weights, after_one=after_one)
 dist.destroy_process_group()
 sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
