@@ -13,9 +13,7 @@ rank, world = dist.get_rank(), dist.get_world_size()
 device = cards.device(int(os.environ["LOCAL_RANK"]))
 if cards.kind == "cuda":
     torch.cuda.set_device(device)
-    # Plain float32 convolutions: TF32 (the default for cuDNN on recent GPUs) would round
-    # them to 10-bit mantissas; the notebook's one-card runs use plain float32 too.
-    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False  # plain float32 convolutions (TF32 rounds to 10 bits), as in the notebook
 
 STEPS, GLOBAL_BATCH, LR = 20, 64, 0.05
 per_card = GLOBAL_BATCH // world
@@ -47,15 +45,17 @@ def train(dtype):  # the same 20 steps in float32, then in float64: the notebook
             p.grad /= world
             calls += 1
             bytes_sent += p.grad.numel() * p.grad.element_size()
+        if step == 0:  # every run starts from the same weights here: the notebook judges float32 on this step
+            first_gradient = torch.cat([p.grad.flatten() for p in model.parameters()]).cpu()
         optimizer.step()
-        # The loss of the whole batch is the mean of the shard losses (for the record only).
-        batch_loss = loss.detach().clone()
+        batch_loss = loss.detach().clone()  # the whole batch's loss: the mean of the shards' (for the record)
         dist.all_reduce(batch_loss)
         losses.append(batch_loss.item() / world)
         if rank == 0 and step % 5 == 0:
             print(f"{dtype} step {step:2d}  loss {losses[-1]:.4f}")
     weights = torch.nn.utils.parameters_to_vector(model.parameters()).detach().cpu()
-    return dict(before=before, weights=weights, losses=losses, calls=calls, bytes_sent=bytes_sent)
+    return dict(before=before, weights=weights, first_gradient=first_gradient, losses=losses, calls=calls,
+                bytes_sent=bytes_sent)
 
 
 report(float32=train(torch.float32), float64=train(torch.float64), shard=per_card, device=str(device))

@@ -14,7 +14,6 @@ if cards.kind == "cuda":
     torch.cuda.set_device(device)
 mesh = init_device_mesh(cards.kind, (world,))          # the four cards as a one-dimensional mesh
 DTYPE = torch.float64 if "--float64" in sys.argv else torch.float32   # --float64: the same run, rounded far finer
-
 calls = []                                             # (collective, bytes of the whole tensor), per call
 class CountedAllGather(DefaultAllGather):              # FSDP2's own collectives, counted on the way
     def __call__(self, output_tensor, input_tensor, group, async_op=False):
@@ -27,7 +26,6 @@ class CountedReduceScatter(DefaultReduceScatter):
 def counted_all_reduce(state, bucket):                 # a DDP communication hook: count, then all-reduce
     calls.append(("all_reduce", bucket.buffer().nbytes))
     return allreduce_hook(None, bucket)
-
 def make():                                            # the same model from the same seed, each time
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 16)).to(device, DTYPE)
@@ -40,25 +38,27 @@ for layer in models["FSDP2"]:
         layer.set_custom_reduce_scatter(CountedReduceScatter())
 fully_shard(models["FSDP2"], mesh=mesh)
 optimizers = {name: torch.optim.Adam(model.parameters(), lr=1e-2) for name, model in models.items()}
+def gap(name, grads=False):                            # largest difference to one card's weights (or gradients)
+    ours, one = ([p.grad if grads else p for p in models[k].parameters()] for k in (name, "one card"))
+    return max(((a.full_tensor() if name == "FSDP2" else a) - b).abs().max().item() for a, b in zip(ours, one))
 data, sent = torch.Generator().manual_seed(0), {}       # the same global batches on every rank
 for step in range(3):
     x, y = torch.randn(32, 64, generator=data).to(device, DTYPE), torch.randn(32, 16, generator=data).to(device, DTYPE)
-    mine = slice(rank * 8, rank * 8 + 8)               # this rank's quarter of the batch
     for name, model in models.items():
         calls.clear()
         optimizers[name].zero_grad()
-        xs, ys = (x, y) if name == "one card" else (x[mine], y[mine])
+        xs, ys = (x, y) if name == "one card" else (x[rank * 8:rank * 8 + 8], y[rank * 8:rank * 8 + 8])  # a quarter
         nn.functional.mse_loss(model(xs), ys).backward()
         optimizers[name].step()
         sent[name] = list(calls)                       # the last step's collectives
+    if step == 0:                                      # all started from the same weights: judged in float32 here
+        first = {"fsdp": gap("FSDP2", grads=True), "ddp": gap("DDP", grads=True)}
 shards = list(models["FSDP2"].parameters())            # DTensors: .to_local() is this rank's piece
-state = [s[k].to_local() for s in optimizers["FSDP2"].state.values() for k in ("exp_avg", "exp_avg_sq")]
 held = {"weights": sum(p.to_local().nbytes for p in shards), "gradients": sum(p.grad.to_local().nbytes for p in shards),
-        "Adam m, v": sum(t.nbytes for t in state)}
-gap = lambda params: max((a - b).abs().max().item() for a, b in zip(params, models["one card"].parameters()))
+        "Adam m, v": sum(s[k].to_local().nbytes for s in optimizers["FSDP2"].state.values() for k in ("exp_avg", "exp_avg_sq"))}
 report(P=sum(p.numel() for p in models["one card"].parameters()), bytes=held, sent=sent, kind=type(shards[0]).__name__,
-       placement=str(shards[0].placements), gap_fsdp=gap(p.full_tensor() for p in shards), gap_ddp=gap(models["DDP"].parameters()))
-del models, model, layer, optimizers, shards, state, mesh  # all that holds the process group, so that it is freed
+       placement=str(shards[0].placements), gap_fsdp=gap("FSDP2"), gap_ddp=gap("DDP"), first=first)
+del models, model, layer, optimizers, shards, mesh  # all that holds the process group, so that it is freed
 gc.collect()  # in destroy_process_group() below, while Python runs: freed at interpreter exit, it can abort a rank
 dist.destroy_process_group()
 sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
