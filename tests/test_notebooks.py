@@ -8,6 +8,7 @@ leaving their process group cleanly (a rank that does not can abort at exit unde
 """
 from __future__ import annotations
 
+import ast
 import json
 import re
 from pathlib import Path
@@ -74,11 +75,61 @@ def test_run_all_leaves_the_learners_attempt_alone(path: Path) -> None:
                 f"a solution's stored output must be its verdict alone, no answer:\n{shown}"
 
 
+def python_of(text: str) -> ast.Module:
+    """A code cell's Python: its cell magic's line left out (the rest of a %%solution is Python), line
+    magics turned into the calls IPython makes of them."""
+    from IPython.core.inputtransformer2 import TransformerManager
+    return ast.parse(TransformerManager().transform_cell(text.partition("\n")[2] if text.startswith("%%") else text))
+
+
+def launching_functions(path: Path) -> set[str]:
+    """Names of the functions the notebook defines that start ranks (their body calls torchrun)."""
+    found = set()
+    for cell in cells(path):
+        text = source(cell)
+        if cell["cell_type"] != "code" or text.startswith("%%torchrun"):
+            continue
+        for node in ast.walk(python_of(text)):
+            if isinstance(node, ast.FunctionDef) and "torchrun(" in ast.unparse(node):
+                found.add(node.name)
+    return found
+
+
+def is_real_code(solution: str, check_cell: str, launchers: set[str]) -> bool:
+    """A loop (a for or while statement, or a comprehension), a class, or a launch of ranks: more than a
+    formula in a def. A launch is a call of torchrun, or of a function of the notebook that calls it,
+    in the solution or in the check that judges it."""
+    nodes = list(ast.walk(python_of(solution)))
+    if any(isinstance(node, (ast.For, ast.While, ast.comprehension, ast.ClassDef)) for node in nodes):
+        return True
+    calls = {getattr(node.func, "id", getattr(node.func, "attr", None))
+             for text in (solution, check_cell) for node in ast.walk(python_of(text)) if isinstance(node, ast.Call)}
+    return bool(calls & ({"torchrun"} | launchers))
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_at_least_one_exercise_asks_for_code(path: Path) -> None:
-    stubs = [source(c) for c in cells(path) if c["cell_type"] == "code" and "raise NotImplementedError" in source(c)
-             and not source(c).startswith("%%solution") and re.search(r"^\s*(def|class) ", source(c), re.M)]
-    assert stubs, "no exercise asks the learner to write a function, class or script"
+def test_at_least_one_exercise_asks_for_real_code(path: Path) -> None:
+    """Issue: exercises that only fill in a formula teach little; each lesson asks for a loop, a class or a
+    launch at least once (the reference solution shows which)."""
+    code = [source(c) for c in cells(path) if c["cell_type"] == "code"]
+    launchers = launching_functions(path)
+    real = []
+    for k, text in enumerate(code):
+        if text.startswith("%%solution"):
+            name = re.search(r'check\.exercise\("([^"]+)"', text).group(1)
+            check_cell = next(c for c in reversed(code[:k]) if f'check.exercise("{name}"' in c)
+            if is_real_code(text, check_cell, launchers):
+                real.append(name)
+    assert real, "every exercise's solution is a formula: ask for a loop, a class or a launch in one of them"
+
+
+def test_real_code_is_told_from_a_formula() -> None:
+    formula = "%%solution\ndef f(n):\n    return n * (n + 1) / 2\ncheck.exercise('x', lambda: None)\n"
+    assert not is_real_code(formula, "check.exercise('x', lambda: t(f))", set())
+    assert is_real_code("%%solution\ndef f(xs):\n    for x in xs:\n        pass\n", "", set())
+    assert is_real_code("%%solution\nclass S:\n    pass\n", "", set())
+    assert is_real_code("%%solution\nr = torchrun(SCRIPT)\n", "", set())
+    assert is_real_code(formula, "check.exercise('x', lambda: train_task(f))", {"train_task"})
 
 
 def launches(path: Path) -> list[tuple[str, str]]:
