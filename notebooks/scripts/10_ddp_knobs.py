@@ -1,8 +1,5 @@
-"""DDP's knobs on the case study: buckets, gradients as bucket views, static graph, buffer broadcasts."""
-import os
-import statistics
-import sys
-import time
+"""DDP's knobs on the case study: buckets, gradients as bucket views, static graph, buffers, unused parameters."""
+import os, statistics, sys, time
 
 import torch
 import torch.distributed as dist
@@ -26,6 +23,7 @@ SETTINGS = {  # each differs from DDP's defaults in one knob
     "gradient_as_bucket_view=True": dict(gradient_as_bucket_view=True),
     "static_graph=True": dict(static_graph=True),
     "forward_sync_buffers=False": dict(forward_sync_buffers=False),
+    "find_unused_parameters=True": dict(find_unused_parameters=True),
 }
 models, optimizers = {}, {}
 for name, knobs in SETTINGS.items():
@@ -58,6 +56,7 @@ for name, model in models.items():
     calls = [event.name for event in prof.events()]
     storages = {p.grad.untyped_storage().data_ptr() for p in model.parameters()}  # where the gradients live
     found[name] = dict(all_reduces=calls.count("c10d::allreduce_"), broadcasts=calls.count("c10d::broadcast_"),
+                       searches=calls.count("torch.distributed.ddp.reducer::search_unused_parameters"),
                        grad_storages=len(storages), step_ms=1000 * statistics.median(times[name]))
 report(found=found)
 dist.destroy_process_group()
