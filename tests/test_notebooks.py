@@ -109,8 +109,8 @@ def is_real_code(solution: str, check_cell: str, launchers: set[str]) -> bool:
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_at_least_one_exercise_asks_for_real_code(path: Path) -> None:
-    """Issue: exercises that only fill in a formula teach little; each lesson asks for a loop, a class or a
-    launch at least once (the reference solution shows which)."""
+    """An exercise that only fills in a formula teaches little: each lesson asks for a loop, a class or a
+    launch at least once (its reference solution shows which)."""
     code = [source(c) for c in cells(path) if c["cell_type"] == "code"]
     launchers = launching_functions(path)
     real = []
