@@ -10,7 +10,9 @@
 
 The cell's value is the LaunchResult, so the next cell can read it as `_` (or as `run`
 when `--result run` is given). `--save` keeps the script as a file that runs unchanged
-from a terminal with `torchrun --nproc-per-node=4 scripts/train.py`.
+from a terminal with `torchrun --nproc-per-node=4 scripts/train.py`. An exercise's skeleton,
+a script that still says `raise NotImplementedError` where the learner's code goes, is saved
+but not launched: every rank would only raise it, after seconds of starting up.
 
 `%%solution` runs an exercise's hidden reference solution in a copy of the notebook's
 namespace, so "Run All" proves every solution passes its check while the learner's own
@@ -18,6 +20,7 @@ definitions stay as the learner wrote them.
 """
 from __future__ import annotations
 
+import ast
 import contextlib
 import io
 import itertools
@@ -52,7 +55,7 @@ class TorchrunMagics(Magics):
     @argument("--result", default=None, help="store the LaunchResult under this name")
     @argument("--no-doctor", action="store_true", help="do not check the script for data-parallel mistakes")
     @cell_magic
-    def torchrun(self, line: str, cell: str) -> LaunchResult:
+    def torchrun(self, line: str, cell: str) -> LaunchResult | None:
         """Run the cell as a script on N ranks with torchrun; everything after `--` goes to the script."""
         __tracebackhide__ = True  # noqa: F841
         words = shlex.split(line)
@@ -64,6 +67,13 @@ class TorchrunMagics(Magics):
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(cell, encoding="utf-8")
             script = path
+        placeholder = placeholder_line(cell)
+        if placeholder is not None:
+            if options.result:
+                self.shell.user_ns.pop(options.result, None)  # a check must not judge an earlier run
+            print(f"○ not launched: line {placeholder} still says `raise NotImplementedError`, the place for your "
+                  "code. Write your code there (and remove that line), then run this cell again.")
+            return None
         result = torchrun(script, nproc=options.nproc, args=script_args, timeout=options.timeout,
                           doctor=not options.no_doctor, nnodes=options.nnodes,
                           max_restarts=options.max_restarts)
@@ -96,6 +106,22 @@ class TorchrunMagics(Magics):
             print(printed.getvalue(), end="")
             raise
         print("\n".join(verdicts))
+
+
+def placeholder_line(script: str) -> int | None:
+    """The line of a `raise NotImplementedError` left in the script (an exercise not yet done), or None.
+
+    A script that does not parse is launched all the same: the ranks' traceback shows the syntax error."""
+    try:
+        tree = ast.parse(script)
+    except SyntaxError:
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Raise) and node.exc is not None:
+            raised = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+            if isinstance(raised, ast.Name) and raised.id == "NotImplementedError":
+                return node.lineno
+    return None
 
 
 def _show_error(shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: int | None = None) -> list[str]:

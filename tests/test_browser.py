@@ -167,7 +167,8 @@ def test_lesson_00_runs_in_the_browser_with_live_ranks_and_a_readable_failure(br
     assert launches, "lesson 00 has no launch cell"
     for cell in launches:
         shown = text_of(cell["outputs"])
-        assert all(f"[rank{rank}]" in shown for rank in range(4)) or errors(cell), cell["source"][:80]
+        assert (all(f"[rank{rank}]" in shown for rank in range(4)) or errors(cell)
+                or "○ not launched" in shown), cell["source"][:80]  # the last: an exercise's skeleton
     failing = [cell for cell in cells if "raises-exception" in cell["tags"]]
     assert failing and all(errors(cell) for cell in failing), "the staged failure shows no error"
     assert all("LaunchError" in errors(cell)[0]["ename"] for cell in failing if cell["source"].startswith("%%torchrun"))

@@ -53,6 +53,21 @@ def test_failed_launch_shows_the_ranks_error_without_kernel_frames(shell: Intera
     assert sys.last_value is outcome.error_in_exec  # the next cell can inspect the error
 
 
+def test_an_exercise_skeleton_is_saved_but_not_launched(shell: InteractiveShell, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    shell.user_ns["run"] = "an earlier run"
+    skeleton = "import os\n\ndef main():\n    raise NotImplementedError  # your code here\n\nmain()\n"
+    result = shell.run_cell_magic("torchrun", "-n 2 --timeout 120 --save scripts/job.py --result run", skeleton)
+    assert result is None and "run" not in shell.user_ns  # nothing launched, and no stale result to check
+    assert "not launched: line 4 still says `raise NotImplementedError`" in capsys.readouterr().out
+    assert (tmp_path / "scripts" / "job.py").read_text() == skeleton
+    done = shell.run_cell_magic("torchrun", "-n 2 --timeout 120 --result run",  # once written, it launches
+                                CELL.replace("report(", "raise_later = NotImplemented\nreport("))
+    assert isinstance(done, LaunchResult) and shell.user_ns["run"] is done
+
+
 def test_solution_checks_the_reference_without_touching_the_learners_names(
         shell: InteractiveShell, capsys: pytest.CaptureFixture[str]) -> None:
     shell.run_cell("from fourcard_helpers import check\n"

@@ -4,8 +4,8 @@ The notebook's `%%torchrun` adds live output and results, nothing a script depen
 each shipped script runs under a bare `python -m torch.distributed.run --standalone` (for a cell
 that says `--nnodes N`: N bare agents at one rendezvous, as on N machines), with no arguments,
 from the notebooks folder (where the kernel runs it), on simulated cards. A script whose cell is
-a staged failure (tagged `raises-exception`) must fail here too, by itself and within its cell's
-timeout.
+a staged failure (tagged `raises-exception`) or an exercise's skeleton (which the notebook saves
+but does not launch) must fail here too, by itself and within its cell's timeout.
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from fourcard_helpers.magic import placeholder_line
 from test_notebooks import NOTEBOOKS, cells, source
 
 pytestmark = pytest.mark.slow  # every test here starts ranks, a kernel or a browser: not in the fast tier
@@ -45,7 +46,8 @@ def shipped_launches() -> list[tuple[str, int, int, float, bool]]:
             nproc = re.search(r"(?:-n|--nproc)\s+(\d+)", line)
             nnodes = re.search(r"--nnodes\s+(\d+)", line)
             timeout = re.search(r"--timeout\s+([\d.]+)", line)
-            fails = "raises-exception" in cell["metadata"].get("tags", [])
+            fails = ("raises-exception" in cell["metadata"].get("tags", [])
+                     or placeholder_line(text.partition("\n")[2]) is not None)
             found.append((saved.group(1), int(nproc.group(1)) if nproc else 4, int(nnodes.group(1)) if nnodes else 1,
                           float(timeout.group(1)) if timeout else 300.0, fails))
     return found
