@@ -17,9 +17,9 @@ def held(tensors):                                     # bytes of distinct stora
 
 def evaluate(leaky, batch=32):
     alive, ids = weakref.WeakValueDictionary(), count()    # every tensor autograd saves, while it lives
-    def pack(t):
-        alive[next(ids)] = t
-        return t
+    def pack(t):                                       # a detached view, as in AliveSaved: `t` itself holds its
+        alive[next(ids)] = saved = t.detach()          # grad_fn, which would hold `t` (a cycle only backward breaks)
+        return saved
     outputs, labels, kept, cuda = [], [], [], []
     start = torch.cuda.memory_allocated() if cards.kind == "cuda" else 0
     for first in range(rank * batch, len(X), world * batch):   # this rank's batches
