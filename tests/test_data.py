@@ -133,3 +133,17 @@ def test_download_checks_each_file_and_tries_the_next_mirror(tmp_path: Path, mon
     monkeypatch.setattr(data, "MIRRORS", data.MIRRORS[:1])
     with pytest.raises(MnistDataError, match="checksum mismatch"):
         data.download_full_mnist(tmp_path / "other")
+
+
+def test_the_recipes_validation_split_is_held_out_of_training_and_never_the_test_digits(monkeypatch) -> None:
+    """Lesson 11 chooses the recipe's learning rate on this split: its digits must be training digits that the
+    choosing runs do not train on, and none of them a test digit."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "notebooks"))
+    import mnist_recipe
+    train, held_out = mnist_recipe.build_datasets_held_out()
+    images = load_mnist("train").tensors[0]
+    trained_on, judged_on = train.data.indices, held_out.indices
+    assert (len(trained_on), len(judged_on)) == (3500, 500)
+    assert sorted(trained_on + judged_on) == list(range(len(images)))  # every training digit once, in one side only
+    test_images = {bytes(img.numpy()) for img in load_mnist("test").tensors[0]}
+    assert not any(bytes(held_out[k][0].numpy()) in test_images for k in range(len(held_out)))

@@ -1,4 +1,4 @@
-import argparse, itertools, os, time, torch, torch.distributed as dist, torch.nn.functional as F, sys
+import argparse, itertools, os, torch, torch.distributed as dist, torch.nn.functional as F, sys
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 from torch.utils.data import DataLoader, DistributedSampler
 from comm_meter import CountBytes, accuracy, clock, flat_weights, model_state_bytes, peak_memory

@@ -1,4 +1,4 @@
-import argparse, itertools, os, time, torch, torch.distributed as dist, torch.nn.functional as F, sys
+import argparse, itertools, os, torch, torch.distributed as dist, torch.nn.functional as F, sys
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
