@@ -63,6 +63,18 @@ def test_every_exercise_has_a_check_and_a_hidden_solution(path: Path) -> None:
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_numbered_exercise_is_checked(path: Path) -> None:
+    """An exercise the text sets must have its check: "Exercise N" in the prose, check.exercise("Exercise N...")
+    in the code. An experiment without a check belongs under another name ("Going further")."""
+    prose = "".join(source(c) for c in cells(path) if c["cell_type"] == "markdown")
+    code = "".join(source(c) for c in cells(path) if c["cell_type"] == "code")
+    set_in_prose = set(re.findall(r"(?:\*\*|#+ )Exercise (\d+)", prose))
+    checked = set(re.findall(r"check\.exercise\([\"']Exercise (\d+)", code))
+    assert set_in_prose, "no numbered exercise"
+    assert set_in_prose <= checked, f"exercises with no check: {sorted(set_in_prose - checked)}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_run_all_leaves_the_learners_attempt_alone(path: Path) -> None:
     """The stored outputs come from Run All: every learner's check must still say 'not attempted'."""
     for cell in cells(path):
