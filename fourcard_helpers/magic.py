@@ -67,12 +67,12 @@ class TorchrunMagics(Magics):
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(cell, encoding="utf-8")
             script = path
+        if options.result:
+            self.shell.user_ns.pop(options.result, None)  # a check must judge this run, never an earlier one
         placeholder = placeholder_line(cell)
         if placeholder is not None:
-            if options.result:
-                self.shell.user_ns.pop(options.result, None)  # a check must not judge an earlier run
-            print(f"○ not launched: line {placeholder} still says `raise NotImplementedError`, the place for your "
-                  "code. Write your code there (and remove that line), then run this cell again.")
+            print(f"○ not launched: line {placeholder + 1} of this cell still says `raise NotImplementedError`, the "
+                  "place for your code. Write your code there (and remove that line), then run this cell again.")
             return None
         result = torchrun(script, nproc=options.nproc, args=script_args, timeout=options.timeout,
                           doctor=not options.no_doctor, nnodes=options.nnodes,
@@ -109,17 +109,20 @@ class TorchrunMagics(Magics):
 
 
 def placeholder_line(script: str) -> int | None:
-    """The line of a `raise NotImplementedError` left in the script (an exercise not yet done), or None.
-
-    A script that does not parse is launched all the same: the ranks' traceback shows the syntax error."""
+    """The line of the script (1 = its first) of a bare `raise NotImplementedError`, the place an exercise
+    leaves for the learner's code, or None. One with a message (`raise NotImplementedError("no GPU")`) is a
+    script's own deliberate error and launches. A script that does not parse launches all the same: the
+    ranks' traceback shows the syntax error."""
     try:
         tree = ast.parse(script)
     except SyntaxError:
         return None
     for node in ast.walk(tree):
         if isinstance(node, ast.Raise) and node.exc is not None:
+            bare = isinstance(node.exc, ast.Name) or (isinstance(node.exc, ast.Call) and not node.exc.args
+                                                      and not node.exc.keywords)
             raised = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
-            if isinstance(raised, ast.Name) and raised.id == "NotImplementedError":
+            if bare and isinstance(raised, ast.Name) and raised.id == "NotImplementedError":
                 return node.lineno
     return None
 

@@ -58,14 +58,29 @@ def test_an_exercise_skeleton_is_saved_but_not_launched(shell: InteractiveShell,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.chdir(tmp_path)
     shell.user_ns["run"] = "an earlier run"
-    skeleton = "import os\n\ndef main():\n    raise NotImplementedError  # your code here\n\nmain()\n"
+    skeleton = CELL.replace("report(", "raise NotImplementedError  # your code here\nreport(")
     result = shell.run_cell_magic("torchrun", "-n 2 --timeout 120 --save scripts/job.py --result run", skeleton)
     assert result is None and "run" not in shell.user_ns  # nothing launched, and no stale result to check
-    assert "not launched: line 4 still says `raise NotImplementedError`" in capsys.readouterr().out
+    # the cell's line: the %%torchrun line is the cell's first, the script's first line its second
+    assert "not launched: line 5 of this cell still says `raise NotImplementedError`" in capsys.readouterr().out
     assert (tmp_path / "scripts" / "job.py").read_text() == skeleton
-    done = shell.run_cell_magic("torchrun", "-n 2 --timeout 120 --result run",  # once written, it launches
-                                CELL.replace("report(", "raise_later = NotImplemented\nreport("))
-    assert isinstance(done, LaunchResult) and shell.user_ns["run"] is done
+    written = skeleton.replace("raise NotImplementedError  # your code here\n", "")   # the learner's part done
+    done = shell.run_cell_magic("torchrun", "-n 2 --timeout 120 --result run", written)
+    assert isinstance(done, LaunchResult) and shell.user_ns["run"] is done and done.values("rank") == [0, 1]
+
+
+def test_a_deliberate_error_with_a_message_is_not_a_skeleton() -> None:
+    from fourcard_helpers.magic import placeholder_line
+    assert placeholder_line("x = 1\nraise NotImplementedError\n") == 2
+    assert placeholder_line("def f():\n    raise NotImplementedError()\n") == 2
+    assert placeholder_line("if gpu:\n    raise NotImplementedError('no GPU here')\n") is None
+    assert placeholder_line("raise NotImplementedError(\n") is None  # does not parse: launched, to show the error
+
+
+def test_a_failed_launch_leaves_no_earlier_result_to_judge(shell: InteractiveShell) -> None:
+    shell.user_ns["run"] = "an earlier run"
+    outcome = shell.run_cell("%%torchrun -n 2 --timeout 120 --result run\nraise SystemExit(3)\n")
+    assert outcome.error_in_exec is not None and "run" not in shell.user_ns
 
 
 def test_solution_checks_the_reference_without_touching_the_learners_names(
