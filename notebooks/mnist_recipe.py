@@ -5,7 +5,9 @@ little off-centre is still the same digit, and the network sees fewer exact repe
 an eighth of the training digits out, as the set train_any.py evaluates on.
 
     torchrun --nproc-per-node=4 scripts/train_any.py --model mnist_recipe:build_model \\
-        --data mnist_recipe:build_datasets --optimizer adamw --lr 3e-3 --schedule cosine --epochs 8 --batch-size 16
+        --data mnist_recipe:build_datasets --optimizer adamw --lr LR --schedule cosine --epochs 8 --batch-size 16
+
+with LR the learning rate lesson 11 chooses, by accuracy on `build_datasets_held_out`'s second set.
 """
 import os
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gzip
 import struct
+import sys
 from pathlib import Path
 
 import pytest
@@ -138,7 +139,9 @@ def test_download_checks_each_file_and_tries_the_next_mirror(tmp_path: Path, mon
 def test_the_recipes_validation_split_is_held_out_of_training_and_never_the_test_digits(monkeypatch) -> None:
     """Lesson 11 chooses the recipe's learning rate on this split: its digits must be training digits that the
     choosing runs do not train on, and none of them a test digit."""
+    monkeypatch.delenv("MNIST_FULL", raising=False)  # the module reads it on import: the shipped digits here
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "notebooks"))
+    monkeypatch.delitem(sys.modules, "mnist_recipe", raising=False)
     import mnist_recipe
     train, held_out = mnist_recipe.build_datasets_held_out()
     images = load_mnist("train").tensors[0]
