@@ -109,22 +109,26 @@ class TorchrunMagics(Magics):
 
 
 def placeholder_line(script: str) -> int | None:
-    """The line of the script (1 = its first) of a bare `raise NotImplementedError`, the place an exercise
-    leaves for the learner's code, or None. One with a message (`raise NotImplementedError("no GPU")`) is a
-    script's own deliberate error and launches. A script that does not parse launches all the same: the
+    """The first line of the script (1 = its first) with a bare `raise NotImplementedError`, the place an
+    exercise leaves for the learner's code, or None. Not counted: one with a message
+    (`raise NotImplementedError("no GPU")`, a script's own deliberate error) and one in a method of a class
+    (an abstract method, meant to be overridden). A script that does not parse launches all the same: the
     ranks' traceback shows the syntax error."""
     try:
         tree = ast.parse(script)
     except SyntaxError:
         return None
+    methods = {id(node) for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef) for body in cls.body
+               if isinstance(body, (ast.FunctionDef, ast.AsyncFunctionDef)) for node in ast.walk(body)}
+    lines = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Raise) and node.exc is not None:
-            bare = isinstance(node.exc, ast.Name) or (isinstance(node.exc, ast.Call) and not node.exc.args
-                                                      and not node.exc.keywords)
-            raised = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+        if isinstance(node, ast.Raise) and node.exc is not None and id(node) not in methods:
+            call = isinstance(node.exc, ast.Call)
+            raised = node.exc.func if call else node.exc
+            bare = not call or not (node.exc.args or node.exc.keywords)
             if bare and isinstance(raised, ast.Name) and raised.id == "NotImplementedError":
-                return node.lineno
-    return None
+                lines.append(node.lineno)
+    return min(lines, default=None)
 
 
 def _show_error(shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: int | None = None) -> list[str]:

@@ -75,6 +75,8 @@ def test_a_deliberate_error_with_a_message_is_not_a_skeleton() -> None:
     assert placeholder_line("def f():\n    raise NotImplementedError()\n") == 2
     assert placeholder_line("if gpu:\n    raise NotImplementedError('no GPU here')\n") is None
     assert placeholder_line("raise NotImplementedError(\n") is None  # does not parse: launched, to show the error
+    assert placeholder_line("class Base:\n    def forward(self):\n        raise NotImplementedError\n") is None  # abstract
+    assert placeholder_line("def main():\n    if x:\n        raise NotImplementedError\nraise NotImplementedError\n") == 3
 
 
 def test_a_failed_launch_leaves_no_earlier_result_to_judge(shell: InteractiveShell) -> None:
