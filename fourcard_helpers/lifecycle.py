@@ -136,7 +136,8 @@ def _signal_group(proc: subprocess.Popen[bytes], signum: int) -> None:
 def stop(roots: Iterable[subprocess.Popen[bytes]], stragglers: Callable[[], list[int]], grace: float) -> None:
     """The one stop sequence: SIGTERM to each root's group; after `grace` seconds SIGKILL to a group
     still running; then SIGKILL to every pid `stragglers()` lists (processes in sessions of their
-    own, such as ranks), until it lists none or another `grace` seconds have passed."""
+    own, such as ranks), again at each new listing, until it lists none or another `grace` seconds
+    have passed."""
     roots = list(roots)
     running = [proc for proc in roots if proc.poll() is None]
     for proc in running:
@@ -155,5 +156,10 @@ def stop(roots: Iterable[subprocess.Popen[bytes]], stragglers: Callable[[], list
     for proc in roots:
         proc.wait()
     deadline = time.monotonic() + grace
-    while stragglers() and time.monotonic() < deadline:
+    while (left := stragglers()) and time.monotonic() < deadline:
+        for pid in left:  # killed again, or for the first time: a process that had only just started can be
+            try:          # missing from the first listing (its environment not yet readable)
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         time.sleep(0.02)
