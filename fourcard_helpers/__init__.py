@@ -14,7 +14,7 @@ from typing import Any
 _EXPORTS = {
     "detect": "cards", "Cards": "cards", "CardsError": "cards",
     "torchrun": "launch", "LaunchResult": "launch", "LaunchError": "launch",
-    "leftover_processes": "launch",
+    "leftover_processes": "launch", "rank_pids": "launch",
     "report": "reporting",
     "load_mnist": "data", "load_mnist_raw": "data", "normalisation": "data",
     "download_full_mnist": "data", "MnistDataError": "data",

@@ -46,7 +46,7 @@ from .reporting import REPO_ROOT, shorten_paths
 from .rundir import (DEVICE_ENV, DOCTOR, DOCTOR_ENV, ERROR, LABEL_ENV, LAUNCHER_ENV, PID, REPORT, RUN_DIR_ENV, STDERR,
                      STDOUT, RunDir, rank_prefix)
 
-__all__ = ["torchrun", "LaunchResult", "LaunchError", "leftover_processes", "rank_environment"]
+__all__ = ["torchrun", "LaunchResult", "LaunchError", "leftover_processes", "rank_pids", "rank_environment"]
 
 # torchrun's agent shares its rendezvous TCP store with the ranks; after an elastic restart,
 # gloo launches here did not all come back with it (benchmarks/restart_store.py; for NCCL see
@@ -89,6 +89,24 @@ def leftover_processes(launcher_pid: int | None = None) -> list[int]:
     Always empty after a launch returns, fails or is interrupted; lessons and tests assert it.
     """
     return marked_processes(LAUNCHER_ENV, str(launcher_pid or os.getpid()))
+
+
+def rank_pids(launcher_pid: int | None = None) -> dict[int, int]:
+    """{global rank: pid} of the rank processes that launches from this process run now.
+
+    What `py-spy dump --pid` and `kill -USR1` need to look inside a launch while it waits (lesson 12),
+    found as a learner would find them with `ps` in a second terminal: the rank processes among
+    `leftover_processes()`, each with the RANK torchrun gave it."""
+    ranks = {}
+    for pid in leftover_processes(launcher_pid):
+        try:
+            if b"fourcard_helpers.worker" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                continue  # a torchrun agent, not a rank
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            ranks[int(next(item[5:] for item in environ if item.startswith(b"RANK=")))] = pid
+        except (OSError, StopIteration, ValueError):
+            continue  # it ended while we looked
+    return ranks
 
 
 def _loopback_interface() -> str | None:

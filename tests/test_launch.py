@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fourcard_helpers.launch import LaunchError, leftover_processes, torchrun
+from fourcard_helpers.launch import LaunchError, leftover_processes, rank_pids, torchrun
 from fourcard_helpers.rundir import DEVICE_ENV, RUN_DIR_ENV
 
 
@@ -247,6 +247,36 @@ def test_launch_from_a_thread_that_ends_first(tmp_path: Path) -> None:
     starter.start()
     starter.join()
     assert outcome[0].values("rank") == [0, 1]
+    assert_nothing_left()
+
+
+@pytest.mark.slow
+def test_rank_pids_finds_each_rank_of_a_running_launch(tmp_path: Path) -> None:
+    """While ranks wait, rank_pids() maps each global rank to its own process (what lesson 12's
+    py-spy and SIGUSR1 need), and lists no torchrun agent; after the launch it is empty."""
+    go = tmp_path / "go"
+    path = script(tmp_path, f"""
+        report(pid=os.getpid())
+        while not os.path.exists({str(go)!r}):
+            time.sleep(0.05)
+        dist.barrier()
+        dist.destroy_process_group()
+    """)
+    seen: list[dict[int, int]] = []
+
+    def watch() -> None:
+        deadline = time.monotonic() + 120  # bounds only a launch that never starts
+        while len(found := rank_pids()) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        seen.append(found)
+        go.touch()
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    result = torchrun(path, nproc=3, timeout=300, echo=False)
+    watcher.join()
+    assert seen[0] == {rank: result.reports[rank]["pid"] for rank in range(3)}
+    assert rank_pids() == {}
     assert_nothing_left()
 
 
