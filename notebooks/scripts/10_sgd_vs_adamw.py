@@ -19,9 +19,9 @@ RUNS = "sgd:0.005:16:0,sgd:0.05:16:0,sgd:0.5:16:0,adamw:0.0001:16:0,adamw:0.001:
 parser = argparse.ArgumentParser(description=__doc__)
 parser.add_argument("--runs", default=RUNS, help="optimizer:lr:batch per card:warm-up steps, comma-separated")
 parser.add_argument("--epochs", type=int, default=1)
+parser.add_argument("--seed", type=int, default=0, help="the first weights and the order of the data")
 parser.add_argument("--checkpoint", default=str(Path(tempfile.gettempdir()) / "fourcards_10_best.pt"))
 args = parser.parse_args()
-
 cards = detect(int(os.environ["WORLD_SIZE"]))
 dist.init_process_group(cards.backend)
 rank, world, local_rank = dist.get_rank(), dist.get_world_size(), int(os.environ["LOCAL_RANK"])
@@ -32,12 +32,12 @@ train_set, (test_images, test_labels) = load_mnist("train"), (t.to(device) for t
 
 
 def train(kind: str, lr: float, batch: int, warmup: int) -> tuple[DDP, list[float], float]:
-    torch.manual_seed(0)  # the same first weights for every run
+    torch.manual_seed(args.seed)  # the same first weights for every run
     model = DDP(MnistCNN().to(device), device_ids=[local_rank] if cards.kind == "cuda" else None)
     optimizer = (torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9) if kind == "sgd"
                  else torch.optim.AdamW(model.parameters(), lr=lr))
     ramp = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / (warmup + 1)))  # linear warm-up
-    sampler, losses = DistributedSampler(train_set, world, rank, seed=0), []
+    sampler, losses = DistributedSampler(train_set, world, rank, seed=args.seed), []
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         for images, labels in DataLoader(train_set, batch_size=batch, sampler=sampler):
