@@ -9,9 +9,6 @@ import torch.distributed as dist
 
 from fourcard_helpers import detect, report
 
-# Every rank keeps its last 100 collectives in memory, each with the Python stack that called it.
-# The same as `TORCH_FR_BUFFER_SIZE=100 torchrun ...`: read when a group is made, so set before it.
-os.environ["TORCH_FR_BUFFER_SIZE"] = "100"
 cards = detect(int(os.environ["LOCAL_WORLD_SIZE"]))
 dist.init_process_group(cards.backend)
 rank = dist.get_rank()
@@ -25,7 +22,7 @@ try:
         dist.all_reduce(loss, group=steps_group)  # each step's all-reduce (of gradients, in a real loop)
 except RuntimeError as error:  # rank 3 has left the loop and ended: the others' last all-reduce fails
     failed = f"step {step + 1}: {type(error).__name__}"
-# The record (a private function, as in PyTorch's flight recorder tutorial: there is no public one)
+# The record, on by default: its last collectives (a private function; the tutorial's NCCL one is _dump_nccl_trace)
 record = pickle.loads(torch._C._distributed_c10d._dump_fr_trace())
 script = os.path.basename(__file__)
 report(failed=failed, calls=[

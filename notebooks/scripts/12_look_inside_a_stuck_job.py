@@ -1,41 +1,48 @@
-"""A job stuck for good, looked into from outside: `py-spy dump`, and faulthandler's stacks on SIGUSR1.
+r"""A job stuck for good, looked into from outside: `py-spy dump`, and faulthandler's stacks on SIGUSR1.
 
-By hand: `torchrun --nproc-per-node=4 scripts/12_look_inside_a_stuck_job.py --until /tmp/go`; in a second
-terminal, `pgrep -f -- '-u .*12_look_inside'` lists the four ranks (torchrun starts each as `python -u`);
-`py-spy dump --pid PID` (with sudo where
-`kernel.yama.ptrace_scope` is 1) and `kill -USR1 PID` for each; then `touch /tmp/go` lets the job end.
+By hand: `torchrun --nproc-per-node=4 scripts/12_look_inside_a_stuck_job.py --stuck-for 600`; in a second terminal
+`pgrep -f -- '-u .*12_look_inside'` lists the four ranks (torchrun starts each as `python -u`), and
+`tr '\0' '\n' < /proc/PID/environ | grep ^RANK=` tells which is which; `py-spy dump --pid PID` and
+`kill -USR1 PID` for each; `kill -USR2 PID` to rank 3 lets the job end.
 """
 import argparse
+import ctypes
 import faulthandler
 import os
 import signal
 import sys
 import time
-from pathlib import Path
 
 import torch.distributed as dist
 
 from fourcard_helpers import detect, report
 
 faulthandler.register(signal.SIGUSR1)  # kill -USR1 PID: write each thread's stack to stderr, then go on
+# Yama's ptrace_scope 1 lets only ancestors read a process: name "any process" (PR_SET_PTRACER, PR_SET_PTRACER_ANY),
+# so that py-spy from a second terminal needs no sudo. Without Yama the call fails harmlessly.
+ctypes.CDLL(None).prctl(0x59616D61, ctypes.c_ulong(-1), 0, 0, 0)
 parser = argparse.ArgumentParser()
-parser.add_argument("--until", type=Path, help="rank 3 is stuck until this file exists (without it: for 5 s)")
+parser.add_argument("--stuck-for", type=float, default=5, help="seconds rank 3 is stuck, unless sent SIGUSR2 first")
 args = parser.parse_args()
+
+
+class LetGo(Exception):
+    """Raised in rank 3 by SIGUSR2: ends the stuck wait of this demonstration."""
+
+
+def let_go(signum, frame):
+    raise LetGo
+
+
+signal.signal(signal.SIGUSR2, let_go)
 cards = detect(int(os.environ["LOCAL_WORLD_SIZE"]))
 dist.init_process_group(cards.backend)
 rank = dist.get_rank()
-
-
-def stuck(until: Path | None) -> None:
-    """A dead disk, a deadlock, ...: here, a file that is not there yet."""
-    if until is None:
-        time.sleep(5)
-    while until is not None and not until.exists():
-        time.sleep(0.1)
-
-
 if rank == 3:
-    stuck(args.until)  # rank 3 is stuck here
+    try:
+        time.sleep(args.stuck_for)  # rank 3 is stuck here: a dead disk, a deadlock, ...
+    except LetGo:
+        pass
 dist.barrier()  # ranks 0, 1 and 2 wait here for rank 3
 report(pid=os.getpid())
 dist.destroy_process_group()
