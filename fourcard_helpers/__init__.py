@@ -18,11 +18,11 @@ _EXPORTS = {
     "report": "reporting",
     "load_mnist": "data", "load_mnist_raw": "data", "normalisation": "data",
     "download_full_mnist": "data", "MnistDataError": "data",
-    "MnistCNN": "models",
+    "MnistCNN": "models", "PeakMemory": "memory",
     "RankSession": "ranks", "RankSessionError": "ranks",
 }
 _MODULES = {"cards", "launch", "lifecycle", "rundir", "diagnose", "reporting", "worker", "agent", "data", "loaders",
-            "models", "schedules", "plots", "check", "costmodel", "magic", "ranks", "rank_processes", "doctor", "preflight"}
+            "models", "memory", "schedules", "plots", "check", "costmodel", "magic", "ranks", "rank_processes", "doctor", "preflight"}
 
 __all__ = sorted(_EXPORTS) + sorted(_MODULES) + ["load_ipython_extension"]
 

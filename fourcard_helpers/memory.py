@@ -1,0 +1,83 @@
+"""Peak memory on a GPU or a CPU: the most bytes of tensors held at once while some code runs."""
+from __future__ import annotations
+
+import gc
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+
+@contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """Silence file descriptor 2 for a moment: the profiler's library logs two lines each time it starts
+    and stops (with a time and a process id), which would land in a notebook's stored output."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+class PeakMemory:
+    """`memory = PeakMemory(device)`, then `with memory.phase(name): ...` around each part of the code to
+    measure; `memory.peaks()` ends the measurement and returns {name: the most bytes of tensors held at once
+    during that phase, counted from zero when `PeakMemory` was created}.
+
+    Why two routes to one number: a GPU's caching allocator counts its own peak
+    (`torch.cuda.max_memory_allocated`, reset as each phase begins). A CPU keeps no such count, but PyTorch's
+    profiler, asked to profile memory, records every allocation and free of the thread it runs on, in order;
+    their running sum rises and falls with the bytes held, and its highest point in a phase is the phase's
+    peak. Only what PyTorch's allocator hands out is counted, and on a CPU only the calling thread's: measure
+    code that runs on one thread (no collectives: gloo frees a collective's tensors on its own threads).
+    Tensors that exist before `PeakMemory` is created must outlive the measurement (their frees are not seen).
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device, self._peaks, self._labels, self._profiler = torch.device(device), {}, {}, None
+        gc.collect()  # let no tensor from before be freed while we count
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self._start = torch.cuda.memory_allocated(self.device)
+        else:
+            self._profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                                    profile_memory=True)
+            with _quiet_stderr():
+                self._profiler.start()
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        if self._profiler is not None:  # the profiler marks where the phase begins and ends
+            label = f"PeakMemory phase {len(self._labels)}"
+            self._labels[label] = name
+            with torch.profiler.record_function(label):
+                yield
+            return
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        yield
+        torch.cuda.synchronize(self.device)
+        self._peaks[name] = torch.cuda.max_memory_allocated(self.device) - self._start
+
+    def peaks(self) -> dict[str, int]:
+        if self._profiler is not None:
+            with _quiet_stderr():
+                self._profiler.stop()
+            events = self._profiler.profiler.kineto_results.events()  # the raw record, allocations included
+            changes = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")
+            for event in sorted((e for e in events if e.name() in self._labels), key=lambda e: e.start_ns()):
+                held = sum(nbytes for t, nbytes in changes if t < event.start_ns())
+                highest = held
+                for t, nbytes in changes:
+                    if event.start_ns() <= t <= event.end_ns():
+                        held += nbytes
+                        highest = max(highest, held)
+                self._peaks[self._labels[event.name()]] = highest
+            self._profiler = None
+        return dict(self._peaks)
