@@ -34,9 +34,12 @@ class PeakMemory:
     (`torch.cuda.max_memory_allocated`, reset as each phase begins). A CPU keeps no such count, but PyTorch's
     profiler, asked to profile memory, records every allocation and free of the thread it runs on, in order;
     their running sum rises and falls with the bytes held, and its highest point in a phase is the phase's
-    peak. Only what PyTorch's allocator hands out is counted, and on a CPU only the calling thread's: measure
-    code that runs on one thread (no collectives: gloo frees a collective's tensors on its own threads).
-    Tensors that exist before `PeakMemory` is created must outlive the measurement (their frees are not seen).
+    peak. Only what PyTorch's allocator hands out is counted, and on a CPU only what the calling thread does
+    (with the threads PyTorch starts for that thread's work): not what a Python thread of its own does, nor
+    gloo's worker threads, which can free a collective's tensors, so measure code that runs on one thread.
+    A tensor that exists before `PeakMemory` is created must outlive the measurement: its free would be
+    missed (and PyTorch warns) if it was made with no measurement running, or subtracted from a sum that
+    never counted it if it was made during an earlier one.
     """
 
     def __init__(self, device: torch.device) -> None:
