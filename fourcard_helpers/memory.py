@@ -26,8 +26,8 @@ def _quiet_stderr() -> Iterator[None]:
 
 
 class PeakMemory:
-    """`memory = PeakMemory(device)`, then `with memory.phase(name): ...` around each part of the code to
-    measure; `memory.peaks()` ends the measurement and returns {name: the most bytes of tensors held at once
+    """`meter = PeakMemory(device)`, then `with meter.phase(name): ...` around each part of the code to
+    measure; `meter.peaks()` ends the measurement and returns {name: the most bytes of tensors held at once
     during that phase, counted from zero when `PeakMemory` was created}.
 
     Why two routes to one number: a GPU's caching allocator counts its own peak
