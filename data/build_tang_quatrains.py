@@ -51,7 +51,7 @@ def quatrains(tang_folder: Path, convert: Callable[[str], str] = str) -> list[st
     return kept
 
 
-def simplified_converter():
+def simplified_converter() -> Callable[[str], str]:
     """OpenCC's traditional-to-simplified conversion, from the pinned pure-Python port (installed into a
     temporary folder with pip, so that nothing is added to the course's environment)."""
     folder = tempfile.mkdtemp()
