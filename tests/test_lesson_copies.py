@@ -9,7 +9,7 @@ import inspect
 
 import pytest
 
-from fourcard_helpers import loaders, schedules
+from fourcard_helpers import gpt, loaders, schedules
 from test_notebooks import NOTEBOOKS, cells, source
 
 COPIES = [  # (lesson, name, the package's object)
@@ -18,6 +18,8 @@ COPIES = [  # (lesson, name, the package's object)
     ("07_model_and_pipeline_parallel", "pipeline_order", schedules.pipeline_order),  # the ranks' scripts import it
     ("07_model_and_pipeline_parallel", "simulate_pipeline", schedules.simulate_pipeline),  # tests check its bubble
     ("07_model_and_pipeline_parallel", "idle_fraction", schedules.idle_fraction),
+    *[("13_gpt_on_four_cards", name, getattr(gpt, name))  # the four-rank scripts import the model and its batches
+      for name in ("get_batch", "GPTConfig", "Attention", "MLP", "Block", "GPT", "Checkpointed")],
 ]
 
 
@@ -31,7 +33,8 @@ def notebook_definition(lesson: str, name: str) -> str:
             continue
         for node in ast.parse(text).body:
             if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == name:
-                found.append(ast.get_source_segment(text, node))
+                first = min([node.lineno] + [decorator.lineno for decorator in node.decorator_list])  # @dataclass too
+                found.append("\n".join(text.splitlines()[first - 1:node.end_lineno]))
     assert len(found) == 1, f"{lesson} should define {name} in exactly one cell, found {len(found)}"
     return found[0]
 
