@@ -4,17 +4,42 @@ The layout is nanoGPT's (embeddings, pre-norm blocks of causal self-attention an
 norm, an output layer tied to the token embedding), with the layer names of torchtitan's
 tensor-parallel plans: attention keeps separate `wq`, `wk`, `wv` and `wo` (nanoGPT fuses the first
 three), the MLP `w1` and `w2`, so that a plan can split each layer by columns or by rows on its own.
-Lesson 13, being written, is to define this model in its own cells and its four-rank scripts to import
-this copy (tests/test_lesson_copies.py then keeps the two equal).
+Lesson 13 defines the model and `get_batch` in its own cells; its four-rank scripts import this copy
+(tests/test_lesson_copies.py keeps the two equal). `poem_tokens` is the plumbing: the shipped poems as numbers.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
 
 import torch
+import torch.utils.checkpoint
 import torch.nn.functional as F
 from torch import nn
+
+POEMS = Path(__file__).resolve().parent.parent / "data" / "tang_quatrains.txt"  # one quatrain a line (data/README.md)
+
+
+@lru_cache(maxsize=1)
+def poem_tokens() -> tuple[torch.Tensor, tuple[str, ...]]:
+    """The shipped poems as one stream of character numbers, and the characters (the vocabulary, sorted, newline
+    first): a character is a token, so every rank and the notebook number them the same way."""
+    text = POEMS.read_text(encoding="utf-8")
+    chars = tuple(sorted(set(text)))
+    number = {c: i for i, c in enumerate(chars)}
+    return torch.tensor([number[c] for c in text]), chars
+
+
+def get_batch(tokens: torch.Tensor, batch_size: int, block_size: int, generator: torch.Generator
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`batch_size` windows of `block_size` characters from random places in the text, and the same windows one
+    character later: at every position, the character the model must predict."""
+    starts = torch.randint(len(tokens) - block_size, (batch_size,), generator=generator).tolist()
+    x = torch.stack([tokens[s:s + block_size] for s in starts])
+    y = torch.stack([tokens[s + 1:s + block_size + 1] for s in starts])
+    return x, y
 
 
 @dataclass
@@ -100,3 +125,15 @@ class GPT(nn.Module):
         logits = self.output(self.norm(x))
         loss = None if targets is None else F.cross_entropy(logits.flatten(0, 1), targets.flatten())
         return logits, loss
+
+
+class Checkpointed(nn.Module):
+    """Activation checkpointing of one block: forward keeps only the block's input; backward runs the block again
+    to get back what it needs. Memory for time: one more forward pass of the block, none of its activations kept."""
+
+    def __init__(self, block: nn.Module) -> None:
+        super().__init__()
+        self.block = block
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.utils.checkpoint.checkpoint(self.block, x, use_reentrant=False)

@@ -1,0 +1,44 @@
+"""Lesson 13's GPT with DDP on four cards: each rank takes its quarter of the same batches of windows. Reports the
+weights after --steps AdamW steps in each of --dtypes; --save DIR keeps the last model and the loss of every step."""
+import argparse, os, sys, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from fourcard_helpers import detect, report
+from fourcard_helpers.gpt import GPT, GPTConfig, get_batch, poem_tokens
+
+parser = argparse.ArgumentParser(description=__doc__)
+parser.add_argument("--steps", type=int, default=4)
+parser.add_argument("--batch", type=int, default=32, help="windows per step, all ranks together")
+parser.add_argument("--dtypes", default="float64,float32")
+parser.add_argument("--save", help="a folder: rank 0 writes the last model there, in bf16")
+args = parser.parse_args()
+cards = detect(int(os.environ["WORLD_SIZE"]))
+dist.init_process_group(cards.backend)
+rank, world = dist.get_rank(), dist.get_world_size()
+device = cards.device(int(os.environ["LOCAL_RANK"]))
+if cards.kind == "cuda":
+    torch.cuda.set_device(device)
+    torch.backends.cuda.matmul.allow_tf32 = False            # full float32, as on a CPU
+tokens, chars = poem_tokens()
+config = GPTConfig(vocab_size=len(chars))
+mine = slice(rank * args.batch // world, (rank + 1) * args.batch // world)   # this rank's quarter of each batch
+weights, losses = {}, []
+for dtype in args.dtypes.split(","):
+    torch.manual_seed(0)                                      # one card's initial weights, on every rank
+    model = DDP(GPT(config).to(device, getattr(torch, dtype)), device_ids=[device] if cards.kind == "cuda" else None)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    data = torch.Generator().manual_seed(0)                   # the same batches on every rank, as on one card
+    losses = []
+    for step in range(args.steps):
+        x, y = get_batch(tokens, args.batch, config.block_size, data)
+        _, loss = model(x[mine].to(device), y[mine].to(device))
+        optimizer.zero_grad()
+        loss.backward()                                       # DDP averages the four gradients
+        optimizer.step()
+        losses.append(loss.item())                            # the mean loss of this rank's quarter
+    weights[dtype] = torch.cat([p.detach().flatten().cpu() for p in model.module.parameters()])
+if args.save and rank == 0:
+    os.makedirs(args.save, exist_ok=True)                     # bf16 halves the file; the tie is kept
+    torch.save(model.module.to(torch.bfloat16).state_dict(), os.path.join(args.save, "model.pt"))
+report(weights=weights if rank == 0 else None, losses=losses)  # every rank holds the same weights: one sends them
+dist.destroy_process_group()
+sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)

@@ -1,0 +1,65 @@
+"""Lesson 13's GPT on a 2 × 2 mesh: data parallel over `dp` × tensor + sequence parallel over `tp`. Reports the weights
+after 4 AdamW steps in float64 and float32, and every collective of the last step: (what, bytes of the whole tensor)."""
+import os, sys, torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
+from torch.distributed.tensor.parallel import parallelize_module
+from torch.utils._python_dispatch import TorchDispatchMode
+from fourcard_helpers import detect, report
+from fourcard_helpers.gpt import GPT, GPTConfig, get_batch, poem_tokens
+
+class Collectives(TorchDispatchMode):          # every collective passes through as an operator: note what and how big
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace in ("c10d", "_c10d_functional") and func._opname not in ("wait_tensor", "_wrap_tensor_autograd"):
+            tensor = args[0][0] if isinstance(args[0], list) else args[0]
+            times = args[1] if func._opname == "all_gather_into_tensor" else 1     # its input is one card's part
+            self.seen.append((func._opname, tensor.nbytes * times))
+        return func(*args, **(kwargs or {}))
+STEPS, BATCH = 4, 32
+cards = detect(int(os.environ["WORLD_SIZE"]))
+dist.init_process_group(cards.backend)
+device = cards.device(int(os.environ["LOCAL_RANK"]))
+if cards.kind == "cuda":
+    torch.cuda.set_device(device)
+mesh = init_device_mesh(cards.kind, (2, 2), mesh_dim_names=("dp", "tp"))
+tokens, chars = poem_tokens()
+config = GPTConfig(vocab_size=len(chars))
+half = slice(mesh.get_local_rank("dp") * BATCH // 2, (mesh.get_local_rank("dp") + 1) * BATCH // 2)
+halves, whole = (Shard(1),), (Replicate(),)      # layouts of the activations: halves of the sequence, or all of it
+BLOCK = {"attention_norm": SequenceParallel(), "mlp_norm": SequenceParallel(),   # the plan of every block
+         **{name: PrepareModuleInput(input_layouts=halves, desired_input_layouts=whole) for name in ("attention", "mlp")},
+         **{name: ColwiseParallel() for name in ("attention.wq", "attention.wk", "attention.wv", "mlp.w1")},
+         **{name: RowwiseParallel(output_layouts=Shard(1)) for name in ("attention.wo", "mlp.w2")}}
+weights = {}
+for dtype in (torch.float64, torch.float32):
+    torch.manual_seed(0)
+    model = GPT(config).to(device, dtype)
+    parallelize_module(model, mesh["tp"], {
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
+        "layers.0": PrepareModuleInput(input_layouts=whole, desired_input_layouts=halves, use_local_output=True),
+        **{f"layers.{i}.{name}": style for i in range(config.n_layer) for name, style in BLOCK.items()},
+        "norm": SequenceParallel(), "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())})
+    model.output.weight = model.tok_embeddings.weight       # parallelize_module untied them: tie them again
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    data = torch.Generator().manual_seed(0)                 # section 3's batches; each dp pair takes its half
+    for step in range(STEPS):
+        x, y = get_batch(tokens, BATCH, config.block_size, data)
+        with Collectives() as counted:
+            counted.seen = []
+            _, loss = model(x[half].to(device), y[half].to(device))
+            optimizer.zero_grad()
+            loss.backward()
+            for p in model.parameters():
+                if isinstance(p.grad, DTensor) and p.grad.placements[0].is_partial():   # the norms: add the halves
+                    p.grad = p.grad.redistribute(placements=[Replicate()])
+                local = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+                dist.all_reduce(local, group=mesh.get_group("dp"))  # data parallel: average over the dp pair
+                local /= 2
+        optimizer.step()
+    whole_weights = [p.full_tensor() if isinstance(p, DTensor) else p for p in model.parameters()]   # every rank
+    weights[str(dtype).removeprefix("torch.")] = torch.cat([w.detach().flatten().cpu() for w in whole_weights])
+report(weights=weights if dist.get_rank() == 0 else None, collectives=counted.seen,
+       local_parameters=sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in model.parameters()))
+dist.destroy_process_group()
+sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
