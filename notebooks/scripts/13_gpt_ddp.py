@@ -1,5 +1,5 @@
 """Lesson 13's GPT with DDP on four cards: each rank takes its quarter of the same batches of windows. Reports the
-weights after --steps AdamW steps in each of --dtypes; --save DIR keeps the last model and the loss of every step."""
+weights after --steps AdamW steps in each of --dtypes, and each rank's loss at every step; --save DIR keeps the model."""
 import argparse, os, sys, torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from fourcard_helpers import detect, report
@@ -17,7 +17,6 @@ rank, world = dist.get_rank(), dist.get_world_size()
 device = cards.device(int(os.environ["LOCAL_RANK"]))
 if cards.kind == "cuda":
     torch.cuda.set_device(device)
-    torch.backends.cuda.matmul.allow_tf32 = False            # full float32, as on a CPU
 tokens, chars = poem_tokens()
 config = GPTConfig(vocab_size=len(chars))
 mine = slice(rank * args.batch // world, (rank + 1) * args.batch // world)   # this rank's quarter of each batch
@@ -38,7 +37,7 @@ for dtype in args.dtypes.split(","):
     weights[dtype] = torch.cat([p.detach().flatten().cpu() for p in model.module.parameters()])
 if args.save and rank == 0:
     os.makedirs(args.save, exist_ok=True)                     # bf16 halves the file; the tie is kept
-    torch.save(model.module.to(torch.bfloat16).state_dict(), os.path.join(args.save, "model.pt"))
+    torch.save(model.module.to("cpu", torch.bfloat16).state_dict(), os.path.join(args.save, "model.pt"))
 report(weights=weights if rank == 0 else None, losses=losses)  # every rank holds the same weights: one sends them
 dist.destroy_process_group()
 sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)

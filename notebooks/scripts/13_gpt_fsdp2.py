@@ -1,14 +1,15 @@
 """Lesson 13's GPT with FSDP2 on four cards: every block, then the whole model, sharded; every block recomputed in
-backward. Float32 against bf16 mixed precision (fp32 shards, bf16 compute, fp32 gradient reduction), and float32 on
-other batches (the yardstick). Reports every step's loss and the bytes each rank holds."""
-import os, sys, torch, torch.distributed as dist
+backward. Float32 against bf16 mixed precision (fp32 shards, bf16 compute, fp32 gradient reduction) and against
+float32 on other batches (the yardstick); float64 for 4 steps, to compare with one card. Reports the losses, the loss
+on a fixed batch after every step, the bytes of the model states each rank holds, and the float64 weights."""
+import os, sys, torch, torch.distributed as dist, torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from fourcard_helpers import detect, report
 from fourcard_helpers.gpt import GPT, Checkpointed, GPTConfig, get_batch, poem_tokens
 
-STEPS, BATCH = 30, 32
+BATCH = 32
 cards = detect(int(os.environ["WORLD_SIZE"]))
 dist.init_process_group(cards.backend)
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -19,21 +20,22 @@ mesh = init_device_mesh(cards.kind, (world,))
 tokens, chars = poem_tokens()
 config = GPTConfig(vocab_size=len(chars))
 mine = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
-POLICY = {"float32": MixedPrecisionPolicy(),                     # the default: compute in the shards' float32
-          "bf16 mixed": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)}
+fixed_x, fixed_y = get_batch(tokens, BATCH, config.block_size, torch.Generator().manual_seed(99))   # never trained on
+MIXED = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
 runs = {}
-for run, policy, data_seed in (("float32", "float32", 0), ("bf16 mixed", "bf16 mixed", 0),
-                               ("float32, other batches", "float32", 1)):
+for run, policy, dtype, data_seed, steps in (("float32", MixedPrecisionPolicy(), torch.float32, 0, 30),
+                                             ("bf16 mixed", MIXED, torch.float32, 0, 30),
+                                             ("float32, other batches", MixedPrecisionPolicy(), torch.float32, 1, 30),
+                                             ("float64", MixedPrecisionPolicy(), torch.float64, 0, 4)):
     torch.manual_seed(0)                                         # the same initial weights in every run
-    model = GPT(config).to(device)
+    model = GPT(config).to(device, dtype)
     model.layers = nn.ModuleList(Checkpointed(block) for block in model.layers)
     for block in model.layers:                                   # one FSDP unit per block...
-        fully_shard(block, mesh=mesh, mp_policy=POLICY[policy])
-    fully_shard(model, mesh=mesh, mp_policy=POLICY[policy])      # ...and one for the rest
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)              # ...and one for the rest
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    data = torch.Generator().manual_seed(data_seed)
-    losses = []
-    for step in range(STEPS):
+    data, losses, fixed = torch.Generator().manual_seed(data_seed), [], []
+    for step in range(steps):
         x, y = get_batch(tokens, BATCH, config.block_size, data)
         _, loss = model(x[mine].to(device), y[mine].to(device))
         loss.backward()
@@ -43,9 +45,15 @@ for run, policy, data_seed in (("float32", "float32", 0), ("bf16 mixed", "bf16 m
         optimizer.step()
         optimizer.zero_grad()
         losses.append(loss.item())
+        with torch.no_grad():                                    # the same windows for every run, loss in float32
+            logits, _ = model(fixed_x[mine].to(device))
+            fixed.append(F.cross_entropy(logits.float().flatten(0, 1), fixed_y[mine].flatten().to(device)).item())
+        model.reshard()                                          # the root keeps its gathered weights after forward
     held["AdamW state"] = sum(s[k].to_local().nbytes for s in optimizer.state.values() for k in ("exp_avg", "exp_avg_sq"))
-    runs[run] = {"losses": losses, "held": held, "shards": sum(p.to_local().numel() for p in model.parameters()),
-                 "dtypes": dtypes}
+    weights = torch.cat([p.full_tensor().detach().flatten().cpu() for p in model.parameters()])   # every rank gathers
+    runs[run] = {"losses": losses, "fixed": fixed, "held": held, "dtypes": dtypes,
+                 "shards": sum(p.to_local().numel() for p in model.parameters()),
+                 "weights": weights if run == "float64" and rank == 0 else None}
 report(**runs)
 dist.destroy_process_group()
 sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)

@@ -56,7 +56,7 @@ for dtype in (torch.float64, torch.float32):
                 local = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
                 dist.all_reduce(local, group=mesh.get_group("dp"))  # data parallel: average over the dp pair
                 local /= 2
-        optimizer.step()
+            optimizer.step()                                # counted too: it must send nothing
     whole_weights = [p.full_tensor() if isinstance(p, DTensor) else p for p in model.parameters()]   # every rank
     weights[str(dtype).removeprefix("torch.")] = torch.cat([w.detach().flatten().cpu() for w in whole_weights])
 report(weights=weights if dist.get_rank() == 0 else None, collectives=counted.seen,
