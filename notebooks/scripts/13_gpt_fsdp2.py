@@ -20,7 +20,7 @@ mesh = init_device_mesh(cards.kind, (world,))
 tokens, chars = poem_tokens()
 config = GPTConfig(vocab_size=len(chars))
 mine = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
-fixed_x, fixed_y = get_batch(tokens, BATCH, config.block_size, torch.Generator().manual_seed(99))   # never trained on
+fixed_x, fixed_y = get_batch(tokens, BATCH, config.block_size, torch.Generator().manual_seed(99))   # the same for every run
 MIXED = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
 runs = {}
 for run, policy, dtype, data_seed, steps in (("float32", MixedPrecisionPolicy(), torch.float32, 0, 30),
