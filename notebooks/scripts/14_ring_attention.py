@@ -1,0 +1,67 @@
+"""Ring attention by hand on four ranks, causal, float64, the sequence in consecutive quarters then balanced. Reports
+each rank's positions, output and gradients, the bytes it sent forward and backward, and the score entries it used."""
+import os, sys, torch, torch.distributed as dist
+from fourcard_helpers import detect, report
+from fourcard_helpers.ring import attend, chunk_positions, merge
+
+T, HEADS, HEAD_DIM = 256, 4, 16
+cards = detect(int(os.environ["WORLD_SIZE"]))
+dist.init_process_group(cards.backend)
+rank, n = dist.get_rank(), dist.get_world_size()
+device = cards.device(int(os.environ["LOCAL_RANK"]))
+if cards.kind == "cuda":
+    torch.cuda.set_device(device)
+sent = {"forward": 0, "backward": 0}
+
+def shift(x: torch.Tensor, to: int, phase: str) -> torch.Tensor:
+    """Send x to the rank `to` places on round the ring; receive the same from the rank `to` places back."""
+    received = torch.empty_like(x)
+    ops = [dist.P2POp(dist.isend, x.contiguous(), (rank + to) % n), dist.P2POp(dist.irecv, received, (rank - to) % n)]
+    for op in dist.batch_isend_irecv(ops):
+        op.wait()
+    sent[phase] += x.nbytes
+    return received
+
+class RingShift(torch.autograd.Function):
+    """Forward: the block moves on to the next rank. Backward: its gradient goes back to the rank it came from."""
+    @staticmethod
+    def forward(ctx, x):
+        return shift(x, 1, "forward")
+
+    @staticmethod
+    def backward(ctx, grad):
+        return shift(grad, -1, "backward")
+
+torch.manual_seed(0)  # the whole sequence and the gradient of the output, the same on every rank: each takes its part
+q, k, v, grad_out = (torch.randn(HEADS, T, HEAD_DIM, dtype=torch.float64) for _ in range(4))
+results = {}
+for layout in ("consecutive", "balanced"):
+    chunks = chunk_positions(rank, n, T, balanced=layout == "balanced")
+    mine = torch.cat(chunks)
+    my_q, my_k, my_v = (t[:, mine].to(device).requires_grad_() for t in (q, k, v))
+    sent.update(forward=0, backward=0)
+    kv, work = torch.cat([my_k, my_v]), 0                 # keys and values travel together, as one message
+    outs, lses = [None] * len(chunks), [None] * len(chunks)
+    for step in range(n):
+        if step:
+            kv = RingShift.apply(kv)                      # now holding the block of rank (rank - step) mod n
+        their = chunk_positions((rank - step) % n, n, T, balanced=layout == "balanced")
+        k_blocks, v_blocks = (t.split([len(c) for c in their], dim=1) for t in kv.chunk(2))
+        for i, (q_pos, q_part) in enumerate(zip(chunks, my_q.split([len(c) for c in chunks], dim=1))):
+            for k_pos, k_part, v_part in zip(their, k_blocks, v_blocks):
+                if k_pos[0] <= q_pos[-1]:                 # skip a block whose every key is after every query
+                    out, lse = attend(q_part, k_part, v_part, q_pos.to(device), k_pos.to(device))
+                    outs[i], lses[i] = merge(outs[i], lses[i], out, lse)
+                    work += int((k_pos[None, :] <= q_pos[:, None]).sum())   # score entries a query really uses
+    out = torch.cat(outs, dim=1)
+    loss = (out * grad_out[:, mine].to(device)).sum()
+    torch.autograd.backward([loss, kv], [None, torch.zeros_like(kv)])  # the last block's gradient is zero, but given:
+    # every shift must run its backward on every rank, even one whose blocks this rank never used (the ring waits)
+    results[layout] = {"positions": mine.tolist(), "work": work, "sent": dict(sent),
+                       **{name: t.detach().cpu().tolist() for name, t in
+                          (("out", out), ("dq", my_q.grad), ("dk", my_k.grad), ("dv", my_v.grad))}}
+report(**results)
+dist.destroy_process_group()
+sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
+
+

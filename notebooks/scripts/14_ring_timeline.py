@@ -1,0 +1,51 @@
+"""Ring attention's forward on four ranks, timed: each rank posts the send of the keys and values it holds and the
+receive of the next block, computes on the block it holds while they travel, then waits for them. Causal, float32,
+the sequence cut in consecutive quarters and then balanced. Reports each rank's timeline: (what, start, end) in
+seconds from a common start."""
+import os, sys, time, torch, torch.distributed as dist
+from fourcard_helpers import detect, report
+from fourcard_helpers.ring import attend, chunk_positions, merge
+
+T, HEADS, HEAD_DIM = 4096, 4, 16
+cards = detect(int(os.environ["WORLD_SIZE"]))
+dist.init_process_group(cards.backend)
+rank, n = dist.get_rank(), dist.get_world_size()
+device = cards.device(int(os.environ["LOCAL_RANK"]))
+if cards.kind == "cuda":
+    torch.cuda.set_device(device)
+torch.manual_seed(0)
+q, k, v = (torch.randn(HEADS, T, HEAD_DIM) for _ in range(3))
+timelines = {}
+for layout in ("consecutive", "balanced", "consecutive", "balanced"):   # the first two warm up; the last two count
+    chunks = chunk_positions(rank, n, T, balanced=layout == "balanced")
+    mine = torch.cat(chunks)
+    my_q, kv = q[:, mine].to(device), torch.cat([k[:, mine], v[:, mine]]).to(device)
+    outs, lses, events = [None] * len(chunks), [None] * len(chunks), []
+    dist.barrier()
+    start = time.perf_counter()
+    now = lambda: (torch.cuda.synchronize() if cards.kind == "cuda" else None, time.perf_counter() - start)[1]
+    for step in range(n):
+        if step < n - 1:                                  # post the transfer first, then compute while it runs
+            incoming, posted = torch.empty_like(kv), now()
+            transfer = dist.batch_isend_irecv([dist.P2POp(dist.isend, kv, (rank + 1) % n),
+                                               dist.P2POp(dist.irecv, incoming, (rank - 1) % n)])
+        their = chunk_positions((rank - step) % n, n, T, balanced=layout == "balanced")
+        k_blocks, v_blocks = (t.split([len(c) for c in their], dim=1) for t in kv.chunk(2))
+        began = now()
+        for i, (q_pos, q_part) in enumerate(zip(chunks, my_q.split([len(c) for c in chunks], dim=1))):
+            for k_pos, k_part, v_part in zip(their, k_blocks, v_blocks):
+                if k_pos[0] <= q_pos[-1]:                 # skip a block whose every key is after every query
+                    out, lse = attend(q_part, k_part, v_part, q_pos.to(device), k_pos.to(device))
+                    outs[i], lses[i] = merge(outs[i], lses[i], out, lse)
+        events.append(("compute", began, now()))
+        if step < n - 1:
+            for work in transfer:
+                work.wait()
+            events.append(("transfer", posted, now()))    # from posting to arrival: overlapped, then waited for
+            kv = incoming
+    timelines[layout] = events
+report(timelines=timelines)
+dist.destroy_process_group()
+sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
+
+
