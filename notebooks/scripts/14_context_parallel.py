@@ -1,7 +1,7 @@
 """PyTorch's own context parallelism on four ranks: `context_parallel` cuts the queries, keys and values along the
-sequence (balanced: a front and a back chunk per rank) and runs `scaled_dot_product_attention` as ring attention.
-Causal, float32, forward and backward, against one card in float64 and in float32. In torch 2.13 only the GPU's
-attention kernels have its sharding rules: on a CPU it reports the error it meets instead."""
+sequence (balanced: a front and a back chunk per rank) and runs `scaled_dot_product_attention` blockwise, merging by
+the log-sum-exp rule. Causal, float32, forward and backward, against one card in float64 and in float32. In torch
+2.13 only the GPU's attention kernels have its sharding rules: on a CPU it reports the error it meets instead."""
 import os, sys, torch, torch.distributed as dist, torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.experimental import context_parallel

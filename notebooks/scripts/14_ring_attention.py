@@ -13,8 +13,7 @@ if cards.kind == "cuda":
     torch.cuda.set_device(device)
 sent = {"forward": 0, "backward": 0}
 
-def shift(x: torch.Tensor, to: int, phase: str) -> torch.Tensor:
-    """Send x to the rank `to` places on round the ring; receive the same from the rank `to` places back."""
+def shift(x: torch.Tensor, to: int, phase: str) -> torch.Tensor:   # to the rank `to` places on; from `to` back
     received = torch.empty_like(x)
     ops = [dist.P2POp(dist.isend, x.contiguous(), (rank + to) % n), dist.P2POp(dist.irecv, received, (rank - to) % n)]
     for op in dist.batch_isend_irecv(ops):
@@ -22,8 +21,7 @@ def shift(x: torch.Tensor, to: int, phase: str) -> torch.Tensor:
     sent[phase] += x.nbytes
     return received
 
-class RingShift(torch.autograd.Function):
-    """Forward: the block moves on to the next rank. Backward: its gradient goes back to the rank it came from."""
+class RingShift(torch.autograd.Function):   # forward: the block moves on a rank; backward: its gradient goes back
     @staticmethod
     def forward(ctx, x):
         return shift(x, 1, "forward")
@@ -55,8 +53,8 @@ for layout in ("consecutive", "balanced"):
                     work += int((k_pos[None, :] <= q_pos[:, None]).sum())   # score entries a query really uses
     out = torch.cat(outs, dim=1)
     loss = (out * grad_out[:, mine].to(device)).sum()
-    torch.autograd.backward([loss, kv], [None, torch.zeros_like(kv)])  # the last block's gradient is zero, but given:
-    # every shift must run its backward on every rank, even one whose blocks this rank never used (the ring waits)
+    torch.autograd.backward([loss, kv], [None, torch.zeros_like(kv)])  # kv as a second root (adding zero) makes
+    # every shift run its backward on every rank, even a shift whose blocks this rank never used: the ring waits for it
     results[layout] = {"positions": mine.tolist(), "work": work, "sent": dict(sent),
                        **{name: t.detach().cpu().tolist() for name, t in
                           (("out", out), ("dq", my_q.grad), ("dk", my_k.grad), ("dv", my_v.grad))}}
