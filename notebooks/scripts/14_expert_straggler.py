@@ -1,5 +1,5 @@
 """Lesson 14's straggler: the expert-parallel layer's forward and backward, timed on every rank, with the router as
-it starts (roughly balanced) and tilted toward expert 0 (on rank 0). Reports, for each routing, the rows each rank's
+it starts (roughly even) and tilted toward expert 0 (on rank 0). Reports, for each routing, the rows each rank's
 experts received, and per repeat the step's time and the time of the same expert work done alone, with no
 communication: the step's compute. Float64, as the previous launch."""
 import os, sys, time, torch, torch.distributed as dist
@@ -17,7 +17,7 @@ sync = torch.cuda.synchronize if cards.kind == "cuda" else lambda: None   # a GP
 x_all = torch.randn(world * TOKENS, D, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
 x = x_all[rank * TOKENS:(rank + 1) * TOKENS].to(device).requires_grad_()
 runs = {}
-for routing, tilt in (("balanced", 0.0), ("skewed", TILT)):
+for routing, tilt in (("as initialised", 0.0), ("skewed", TILT)):
     torch.manual_seed(0)
     moe = MoE(D, E).to(device, torch.float64)
     with torch.no_grad():
