@@ -22,7 +22,7 @@ _EXPORTS = {
     "RankSession": "ranks", "RankSessionError": "ranks",
 }
 _MODULES = {"cards", "launch", "lifecycle", "rundir", "diagnose", "reporting", "worker", "agent", "data", "loaders",
-            "models", "gpt", "moe", "ring", "memory", "schedules", "plots", "check", "costmodel", "magic", "ranks", "rank_processes", "doctor", "preflight"}
+            "models", "gpt", "moe", "ring", "memory", "schedules", "plots", "check", "costmodel", "magic", "ranks", "rank_processes", "doctor", "preflight", "slurm"}
 
 __all__ = sorted(_EXPORTS) + sorted(_MODULES) + ["load_ipython_extension"]
 

@@ -1,0 +1,362 @@
+"""A practice SLURM cluster on this one machine: a controller and N nodes, started without root.
+
+SLURM is where a learner goes when one machine's cards are no longer enough, and a first job on a
+real cluster is where a day gets lost. Lesson 12's batch file runs here for real: SLURM's own
+daemons (`munged` for authentication, `slurmctld` the controller, one `slurmd` per node), each node
+a name with its own port on 127.0.0.1, everything in one folder the learner owns.
+
+    python -m fourcard_helpers.slurm up [--nodes 2] [--dir DIR]   # prints the line to paste: export SLURM_CONF=...
+    python -m fourcard_helpers.slurm status [--dir DIR]
+    python -m fourcard_helpers.slurm down [--dir DIR]
+
+or, from Python, a cluster that is stopped when the block ends, and also if the kernel dies:
+
+    with practice_cluster(nodes=2) as cluster:
+        subprocess.run(["sbatch", ...], env=cluster.environment())
+
+`down` stops exactly the processes `up` started (by pid, recorded in the folder), after cancelling
+every job, and then any process still carrying the cluster's mark (a job step's `slurmstepd`).
+Needs Debian's or Ubuntu's `slurm-wlm munge` (SLURM 22.05 tried); nothing runs as root.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pwd
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from .lifecycle import KernelPipe, alive, marked_processes, stop_when_kernel_dies
+
+__all__ = ["Cluster", "ClusterError", "practice_cluster", "up", "down", "status", "missing_programs"]
+
+DEFAULT_DIR = Path.home() / ".fourcards" / "slurm"
+MARK_ENV = "FOURCARDS_SLURM"  # every daemon carries it (value: the cluster's folder); what `down` looks for last
+PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel", "sinfo")
+INSTALL_HINT = ("install SLURM and munge: on Debian or Ubuntu `sudo apt-get install slurm-wlm munge`; "
+                "elsewhere your system's slurm and munge packages")
+PARTITION = "practice"
+IDLE_TIMEOUT = 60.0  # bounds only a node that never comes up; the wait itself ends on `sinfo` saying idle
+
+
+class ClusterError(RuntimeError):
+    """What went wrong, the likely cause and what to do, in words a learner can act on."""
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A running practice cluster: its folder, nodes and the pids of the daemons it started."""
+
+    dir: Path
+    nodes: tuple[str, ...]
+    pids: dict[str, int]  # daemon name ("munged", "slurmctld", "slurmd n1", ...) -> pid
+
+    @property
+    def conf(self) -> Path:
+        return self.dir / "slurm.conf"
+
+    def environment(self) -> dict[str, str]:
+        """This process's environment with SLURM_CONF naming the cluster: for sbatch, squeue, ..."""
+        return {**os.environ, "SLURM_CONF": str(self.conf)}
+
+    def run(self, *command: str) -> str:
+        """Run a SLURM command (`cluster.run("squeue")`) against this cluster; its output, or an error that shows it."""
+        done = subprocess.run(command, capture_output=True, text=True, env=self.environment())
+        if done.returncode:
+            raise ClusterError(f"`{' '.join(command)}` failed: {(done.stderr or done.stdout).strip()}")
+        return done.stdout
+
+
+def program(name: str) -> str | None:
+    """The path of a SLURM or munge program. Daemons live in sbin, which an ordinary user's PATH may lack."""
+    return shutil.which(name, path=os.pathsep.join([os.environ.get("PATH", ""), "/usr/local/sbin", "/usr/sbin", "/sbin"]))
+
+
+def missing_programs() -> list[str]:
+    """The SLURM and munge programs this machine lacks (empty when the practice cluster can run)."""
+    return [name for name in PROGRAMS if program(name) is None]
+
+
+def _free_ports(count: int) -> list[int]:
+    """Ports nothing listens on now (the kernel picks them), above 1024 so that no root is needed."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def _state_file(folder: Path) -> Path:
+    return folder / "cluster.json"
+
+
+def _read_state(folder: Path) -> Cluster | None:
+    try:
+        state = json.loads(_state_file(folder).read_text())
+    except (OSError, ValueError):
+        return None
+    return Cluster(dir=folder, nodes=tuple(state["nodes"]), pids=dict(state["pids"]))
+
+
+def _write_conf(folder: Path, nodes: list[str], cpus: int) -> None:
+    user = pwd.getpwuid(os.geteuid()).pw_name  # who runs `up`, not what $USER says
+    host = socket.gethostname()
+    controller_port, *node_ports = _free_ports(1 + len(nodes))
+    lines = [
+        "# Written by `python -m fourcard_helpers.slurm up`: a practice cluster on one machine.",
+        "ClusterName=fourcards",
+        f"SlurmctldHost={host}(127.0.0.1)",
+        f"SlurmctldPort={controller_port}",
+        f"SlurmUser={user}",  # the learner runs every daemon: no root
+        f"SlurmdUser={user}",
+        "AuthType=auth/munge",
+        f"AuthInfo=socket={folder / 'munge' / 'munge.socket'}",
+        f"StateSaveLocation={folder / 'state'}",
+        f"SlurmdSpoolDir={folder / 'spool' / '%n'}",
+        f"SlurmctldPidFile={folder / 'run' / 'slurmctld.pid'}",
+        f"SlurmdPidFile={folder / 'run' / 'slurmd.%n.pid'}",
+        f"SlurmctldLogFile={folder / 'log' / 'slurmctld.log'}",
+        f"SlurmdLogFile={folder / 'log' / 'slurmd.%n.log'}",
+        "ProctrackType=proctrack/linuxproc",  # no cgroups: a learner's laptop or a container may not let us have them
+        "TaskPlugin=task/none",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core",
+        "SchedulerType=sched/backfill",
+        "MpiDefault=none",
+        "ReturnToService=2",
+        "SlurmdTimeout=30",
+        "KillWait=5",
+        "AccountingStorageType=accounting_storage/none",  # no slurmdbd: sacct has nothing to read
+        "JobAcctGatherType=jobacct_gather/none",
+        "JobCompType=jobcomp/none",
+    ]
+    for name, port in zip(nodes, node_ports):
+        lines.append(f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} CPUs={cpus} State=UNKNOWN")
+    lines.append(f"PartitionName={PARTITION} Nodes={','.join(nodes)} Default=YES MaxTime=INFINITE State=UP")
+    (folder / "slurm.conf").write_text("\n".join(lines) + "\n")
+
+
+def _start(folder: Path, command: list[str], output: Path) -> int:
+    """Start one daemon in the foreground of a session of its own (the terminal's Ctrl-C is not its),
+    marked with the cluster's folder; its pid. It outlives this process when `up` runs from the shell."""
+    env = {**os.environ, MARK_ENV: str(folder)}
+    env.pop("SLURM_CONF", None)  # each daemon reads the file it is given
+    with open(output, "ab") as out:
+        return subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True).pid
+
+
+def _tail(path: Path, lines: int = 8) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _wait_for(what: str, ready, pids: dict[str, int], logs: dict[str, Path], timeout: float) -> None:
+    """Wait until `ready()`; fail at once, with the daemon's log, if a daemon it needs has exited."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        for name, pid in pids.items():
+            if not alive(pid):
+                log = _tail(logs[name])
+                likely = (" Another program took its port after `up` chose it: run `up` again, it picks free ports."
+                          if "Address already in use" in log else "")
+                raise ClusterError(f"{name} stopped while starting (waiting for {what}).{likely} Its log ends:\n{log}")
+        if time.monotonic() > deadline:
+            raise ClusterError(f"{what}: not after {timeout:.0f} s. The logs end:\n"
+                               + "\n".join(f"--- {n}\n{_tail(logs[n])}" for n in pids))
+        time.sleep(0.1)
+
+
+def status(folder: Path = DEFAULT_DIR) -> Cluster | None:
+    """The cluster running from `folder`, or None."""
+    cluster = _read_state(Path(folder))
+    if cluster is None or not all(alive(pid) for pid in cluster.pids.values()):
+        return None
+    return cluster
+
+
+def up(nodes: int = 2, folder: Path = DEFAULT_DIR, cpus: int | None = None) -> Cluster:
+    """Start a practice cluster of `nodes` nodes in `folder` and wait until every node is idle."""
+    if missing := missing_programs():
+        raise ClusterError(f"this machine lacks {', '.join(missing)}: {INSTALL_HINT}.")
+    folder = Path(folder).expanduser().resolve()
+    if status(folder) is not None:
+        raise ClusterError(f"a practice cluster already runs from {folder}: use it, or stop it first with "
+                           f"`python -m fourcard_helpers.slurm down --dir {folder}`.")
+    if _read_state(folder) is not None:  # a cluster whose processes died, or were killed, without `down`
+        down(folder)
+    for part in ("munge", "state", "spool", "run", "log"):
+        shutil.rmtree(folder / part, ignore_errors=True)
+        (folder / part).mkdir(parents=True, mode=0o700)
+    folder.chmod(0o700)
+    names = [f"n{i + 1}" for i in range(nodes)]
+    for name in names:
+        (folder / "spool" / name).mkdir()
+    _write_conf(folder, names, cpus or os.cpu_count() or 1)
+    key = folder / "munge" / "munge.key"
+    key.write_bytes(secrets.token_bytes(1024))
+    key.chmod(0o400)  # munged refuses a key that others can read
+    logs = {"munged": folder / "log" / "munged.log", "slurmctld": folder / "log" / "slurmctld.log",  # in the foreground
+            # munged writes its log to its standard error; slurmctld and slurmd to the files slurm.conf names
+            **{f"slurmd {n}": folder / "log" / f"slurmd.{n}.log" for n in names}}
+    conf = str(folder / "slurm.conf")
+    pids: dict[str, int] = {}
+    try:
+        socket_path = folder / "munge" / "munge.socket"
+        # --force: munged wants every folder above its socket open to all (execute permission), and a
+        # learner's home often is not (0700); here only the learner needs to reach the socket
+        pids["munged"] = _start(folder, [
+            program("munged"), "--foreground", "--force", f"--socket={socket_path}", f"--key-file={key}",
+            f"--pid-file={folder / 'run' / 'munged.pid'}", f"--seed-file={folder / 'munge' / 'munged.seed'}"],
+            logs["munged"])
+        _save(folder, names, pids)
+        _wait_for("munged's socket", socket_path.exists, pids, logs, IDLE_TIMEOUT)
+        pids["slurmctld"] = _start(folder, [program("slurmctld"), "-D", "-i", "-f", conf],
+                                   folder / "log" / "slurmctld.out")
+        _save(folder, names, pids)
+        for name in names:
+            pids[f"slurmd {name}"] = _start(folder, [program("slurmd"), "-D", "-N", name, "-f", conf],
+                                            folder / "log" / f"slurmd.{name}.out")
+            _save(folder, names, pids)
+        cluster = Cluster(dir=folder, nodes=tuple(names), pids=dict(pids))
+        _wait_for("every node idle", lambda: _all_idle(cluster), pids, logs, IDLE_TIMEOUT)
+    except BaseException:
+        down(folder)
+        raise
+    return cluster
+
+
+def _save(folder: Path, names: list[str], pids: dict[str, int]) -> None:
+    """Record each pid as soon as it exists: a `down` after any failure finds every daemon."""
+    temporary = _state_file(folder).with_suffix(".tmp")
+    temporary.write_text(json.dumps({"nodes": names, "pids": pids}, indent=1))
+    temporary.replace(_state_file(folder))
+
+
+def _all_idle(cluster: Cluster) -> bool:
+    done = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True,
+                          env=cluster.environment())
+    states = dict(line.split() for line in done.stdout.splitlines() if line.strip())
+    return done.returncode == 0 and all(states.get(name) == "idle" for name in cluster.nodes)
+
+
+def down(folder: Path = DEFAULT_DIR, grace: float = 10.0) -> bool:
+    """Stop the cluster of `folder`: cancel its jobs, stop its daemons by pid, then anything still marked.
+
+    True if there was a cluster to stop. Leaves the folder's logs; removes its state, sockets and pid files."""
+    folder = Path(folder).expanduser().resolve()
+    cluster = _read_state(folder)
+    if cluster is None:
+        return False
+    if cluster.pids.get("slurmctld") and alive(cluster.pids["slurmctld"]):
+        env = cluster.environment()
+        subprocess.run(["scancel", f"--partition={PARTITION}"], env=env, capture_output=True)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:  # SLURM ends each job's processes; wait for it to say so
+            jobs = subprocess.run(["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True)
+            if jobs.returncode or not jobs.stdout.strip():
+                break
+            time.sleep(0.2)
+    order = [name for name in cluster.pids if name.startswith("slurmd")] + ["slurmctld", "munged"]
+    for name in order:  # nodes first, the controller, then authentication, which the others use to the end
+        pid = cluster.pids.get(name)
+        if pid is None or not alive(pid):
+            continue
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + grace
+    while (left := marked_processes(MARK_ENV, str(folder))) and time.monotonic() < deadline:
+        for pid in left:  # a slurmstepd and what it runs: started by a slurmd, so marked as it is
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.05)
+    for leftover in [*(folder / "run").glob("*"), *(folder / "munge").glob("munge.socket*")]:
+        leftover.unlink(missing_ok=True)
+    _state_file(folder).unlink(missing_ok=True)
+    return True
+
+
+@contextmanager
+def practice_cluster(nodes: int = 2, folder: Path | None = None) -> Iterator[Cluster]:
+    """A practice cluster for a `with` block, stopped when the block ends, also if the kernel dies in it.
+
+    A guard process holds the read end of a pipe whose write end only this process holds
+    (lifecycle.KernelPipe): if this process dies, however it dies, the guard runs `down`."""
+    folder = Path(folder) if folder is not None else Path(tempfile.mkdtemp(prefix="fourcards-slurm-"))
+    cluster = up(nodes, folder)
+    pipe = KernelPipe()
+    guard = pipe.start([sys.executable, "-m", "fourcard_helpers.slurm", "guard", "--dir", str(cluster.dir)],
+                       dict(os.environ), subprocess.DEVNULL)
+    pipe.started()
+    try:
+        yield cluster
+    finally:
+        down(cluster.dir)
+        pipe.close()
+        guard.wait()
+
+
+def _guard(folder: Path) -> None:
+    """Wait for the kernel's pipe to close, then stop the cluster (already stopped: nothing to do)."""
+    gone = threading.Event()
+    stop_when_kernel_dies(gone.set)
+    gone.wait()
+    down(folder)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fourcard_helpers.slurm", description=__doc__.split("\n")[0])
+    parser.add_argument("action", choices=["up", "status", "down", "guard"])
+    parser.add_argument("--nodes", type=int, default=2, help="nodes for `up` (default 2)")
+    parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=f"the cluster's folder (default {DEFAULT_DIR})")
+    args = parser.parse_args(argv)
+    folder = args.dir.expanduser().resolve()
+    try:
+        if args.action == "up":
+            cluster = up(args.nodes, folder)
+            print(f"practice cluster up: {len(cluster.nodes)} nodes ({', '.join(cluster.nodes)}) idle, folder {folder}")
+            print(f"export SLURM_CONF={cluster.conf}")
+        elif args.action == "status":
+            cluster = status(folder)
+            if cluster is None:
+                print(f"no practice cluster runs from {folder}")
+                return 1
+            print(cluster.run("sinfo", "-N"), end="")
+        elif args.action == "down":
+            if not down(folder):
+                print(f"no practice cluster to stop in {folder}")
+                return 1
+            print(f"practice cluster in {folder} stopped: no daemon left")
+        else:
+            _guard(folder)
+    except ClusterError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,198 @@
+"""The practice SLURM cluster (fourcard_helpers/slurm.py): real munged, slurmctld and slurmd, real jobs.
+
+Without SLURM the tests are skipped with the line that installs it, except in CI (CI=true), where a
+skip would hide a missing install step and so fails (.ci/run installs `slurm-wlm munge`)."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from fourcard_helpers.lifecycle import alive, marked_processes
+from fourcard_helpers.slurm import INSTALL_HINT, MARK_ENV, ClusterError, down, missing_programs, practice_cluster, status, up
+
+if missing_programs():
+    if os.environ.get("CI"):
+        pytest.fail(f"the SLURM tests must run in CI: {INSTALL_HINT}", pytrace=False)
+    pytest.skip(f"SLURM tests skipped: {INSTALL_HINT}", allow_module_level=True)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _wait_until(condition, what: str, bound: float = 60.0) -> None:
+    """Wait for an event; the bound only keeps a broken cluster from hanging the suite."""
+    deadline = time.monotonic() + bound
+    while not condition():
+        assert time.monotonic() < deadline, f"not after {bound:.0f} s: {what}"
+        time.sleep(0.05)
+
+
+def _tasks(name: str) -> list[str]:
+    """Pids of processes whose command line starts with `name` (the job's tasks, not the srun naming them)."""
+    return subprocess.run(["pgrep", "-f", f"^{name}"], capture_output=True, text=True).stdout.split()
+
+
+def _nothing_left(folder: Path, pids: dict[str, int]) -> None:
+    assert not any(alive(pid) for pid in pids.values()), pids
+    assert marked_processes(MARK_ENV, str(folder)) == []
+    assert not (folder / "cluster.json").exists()
+    assert list((folder / "run").glob("*")) == [] and list((folder / "munge").glob("munge.socket*")) == []
+
+
+def test_up_runs_a_two_node_job_and_down_leaves_nothing(tmp_path):
+    cluster = up(2, tmp_path / "cluster")
+    try:
+        nodes = cluster.run("sinfo", "-h", "-N", "-o", "%N %t").split()
+        assert nodes == ["n1", "idle", "n2", "idle"]
+        assert status(cluster.dir) == cluster
+        job = tmp_path / "job.sh"
+        job.write_text(textwrap.dedent("""\
+            #!/bin/bash
+            #SBATCH --nodes=2
+            #SBATCH --ntasks-per-node=1
+            srun bash -c 'echo "$SLURMD_NODENAME $SLURM_PROCID of $SLURM_NTASKS"'
+            """))
+        cluster.run("sbatch", "--wait", f"--chdir={tmp_path}", f"--output={tmp_path}/out-%j.txt", str(job))
+        (output,) = tmp_path.glob("out-*.txt")
+        assert sorted(output.read_text().split("\n")[:2]) == ["n1 0 of 2", "n2 1 of 2"]  # one task on each node
+    finally:
+        assert down(cluster.dir)
+    _nothing_left(cluster.dir, cluster.pids)
+    assert status(cluster.dir) is None and not down(cluster.dir)  # `down` when none runs: nothing to stop
+
+
+def test_down_cancels_a_running_job_and_its_processes_end(tmp_path):
+    cluster = up(2, tmp_path / "cluster")
+    marker = f"fourcards-still-running-{os.getpid()}"
+    try:
+        job = tmp_path / "job.sh"
+        job.write_text(f"#!/bin/bash\n#SBATCH --nodes=2\nsrun bash -c 'echo started; exec -a {marker} sleep 600'\n")
+        cluster.run("sbatch", f"--chdir={tmp_path}", f"--output={tmp_path}/out.txt", str(job))
+        _wait_until(lambda: len(_tasks(marker)) == 2, "both nodes' tasks running")
+    finally:
+        down(cluster.dir)
+    _nothing_left(cluster.dir, cluster.pids)
+    assert _tasks(marker) == []
+
+
+def test_up_while_running_refuses_and_a_stale_folder_is_cleaned(tmp_path):
+    cluster = up(1, tmp_path / "cluster")
+    try:
+        with pytest.raises(ClusterError, match="already runs from .* down --dir"):
+            up(1, cluster.dir)
+        assert status(cluster.dir) == cluster  # the refusal stopped nothing
+        for pid in cluster.pids.values():  # killed as a crash or a reboot would: no `down`, the folder left as it was
+            os.kill(pid, signal.SIGKILL)
+        _wait_until(lambda: not any(alive(pid) for pid in cluster.pids.values()), "the daemons gone")
+        assert status(cluster.dir) is None
+        again = up(1, cluster.dir)  # starts afresh over the stale folder
+        assert again.run("sinfo", "-h", "-N", "-o", "%t").split() == ["idle"]
+    finally:
+        down(cluster.dir)
+    _nothing_left(cluster.dir, {**cluster.pids, **again.pids})
+
+
+def test_a_port_taken_fails_in_one_sentence_and_leaves_nothing(tmp_path, monkeypatch):
+    import socket
+
+    import fourcard_helpers.slurm as slurm
+
+    with socket.socket() as held:  # another program listens on the port `up` picked for the controller
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        free_ports = slurm._free_ports
+        monkeypatch.setattr(slurm, "_free_ports", lambda count: [held.getsockname()[1], *free_ports(count - 1)])
+        with pytest.raises(ClusterError, match=r"slurmctld stopped while starting .* Another program took its port"):
+            up(2, tmp_path / "cluster")
+    assert marked_processes(MARK_ENV, str(tmp_path / "cluster")) == [] and not (tmp_path / "cluster" / "cluster.json").exists()
+
+
+def test_the_cluster_of_a_with_block_is_stopped_when_the_kernel_dies(tmp_path):
+    folder = tmp_path / "cluster"
+    kernel = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(f"""\
+            import json, sys, time
+            from fourcard_helpers.slurm import practice_cluster
+            with practice_cluster(nodes=2, folder={str(folder)!r}) as cluster:
+                print(json.dumps(cluster.pids), flush=True)
+                time.sleep(600)
+            """)],
+        stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    import json
+    pids = json.loads(kernel.stdout.readline())
+    assert all(alive(pid) for pid in pids.values())
+    kernel.kill()  # SIGKILL: no `finally` runs in it
+    kernel.wait()
+    _wait_until(lambda: not any(alive(pid) for pid in pids.values()) and not (folder / "cluster.json").exists(),
+                "the guard stopped the cluster")
+    _nothing_left(folder, pids)
+
+
+def test_the_with_block_stops_the_cluster_when_it_raises(tmp_path):
+    with pytest.raises(KeyboardInterrupt):
+        with practice_cluster(nodes=1, folder=tmp_path / "cluster") as cluster:
+            raise KeyboardInterrupt  # as an interrupted kernel
+    _nothing_left(cluster.dir, cluster.pids)
+
+
+def test_command_line_up_status_down(tmp_path):
+    folder = tmp_path / "cluster"
+    cli = [sys.executable, "-m", "fourcard_helpers.slurm"]
+    started = subprocess.run([*cli, "up", "--nodes", "2", "--dir", str(folder)], capture_output=True, text=True, cwd=ROOT)
+    try:
+        assert started.returncode == 0, started.stderr
+        assert started.stdout.splitlines()[-1] == f"export SLURM_CONF={folder.resolve() / 'slurm.conf'}"
+        shown = subprocess.run([*cli, "status", "--dir", str(folder)], capture_output=True, text=True, cwd=ROOT)
+        assert shown.returncode == 0 and shown.stdout.count("idle") == 2
+        again = subprocess.run([*cli, "up", "--dir", str(folder)], capture_output=True, text=True, cwd=ROOT)
+        assert again.returncode == 2 and again.stderr.startswith("error: a practice cluster already runs from")
+    finally:
+        stopped = subprocess.run([*cli, "down", "--dir", str(folder)], capture_output=True, text=True, cwd=ROOT)
+    assert stopped.returncode == 0 and "stopped" in stopped.stdout
+    none = subprocess.run([*cli, "down", "--dir", str(folder)], capture_output=True, text=True, cwd=ROOT)
+    assert none.returncode == 1 and none.stdout.startswith("no practice cluster to stop")
+    assert marked_processes(MARK_ENV, str(folder.resolve())) == []
+
+
+def test_an_ordinary_user_runs_the_cluster():
+    """As the README's test command runs as root in CI: the same cluster and job as `nobody`, no root anywhere."""
+    if os.geteuid() != 0:
+        pytest.skip("not root: every test above already ran as an ordinary user")
+    from test_hostile_conditions import AS_NOBODY, python_for_nobody
+
+    env = {**os.environ}
+    python = python_for_nobody(env)
+    root = Path(tempfile.mkdtemp(prefix="fourcards-slurm-learner-"))  # pytest's own folders are root's alone
+    home = root / "home"
+    (home / "job").mkdir(parents=True)
+    (home / "job" / "job.sh").write_text("#!/bin/bash\n#SBATCH --nodes=2\nsrun bash -c 'echo $SLURMD_NODENAME $(id -un)'\n")
+    for path in [root, *root.rglob("*")]:
+        os.chown(path, 65534, 65534)  # nobody's
+    keep = [f"{name}={env[name]}" for name in ("PYTHONPATH",) if name in env]
+    folder = home / "cluster"
+    as_nobody = [*AS_NOBODY, "env", f"HOME={home}", *keep]
+    cli = [*as_nobody, python, "-m", "fourcard_helpers.slurm"]
+    started = subprocess.run([*cli, "up", "--dir", str(folder)], capture_output=True, text=True, cwd=ROOT)
+    try:
+        assert started.returncode == 0, started.stderr
+        conf = started.stdout.splitlines()[-1].removeprefix("export SLURM_CONF=")
+        ran = subprocess.run([*as_nobody, f"SLURM_CONF={conf}", "sbatch", "--wait", f"--chdir={home / 'job'}",
+                              f"--output={home / 'job' / 'out.txt'}", str(home / "job" / "job.sh")],
+                             capture_output=True, text=True)
+        assert ran.returncode == 0, ran.stderr
+        assert sorted((home / "job" / "out.txt").read_text().splitlines()) == ["n1 nobody", "n2 nobody"]
+        owners = {Path(f"/proc/{pid}").stat().st_uid for pid in marked_processes(MARK_ENV, str(folder))}
+        assert owners == {65534}  # every daemon runs as the learner
+    finally:
+        stopped = subprocess.run([*cli, "down", "--dir", str(folder)], capture_output=True, text=True, cwd=ROOT)
+    assert stopped.returncode == 0, stopped.stderr
+    assert marked_processes(MARK_ENV, str(folder)) == []
+    shutil.rmtree(root)
