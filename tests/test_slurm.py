@@ -40,6 +40,12 @@ def _tasks(name: str) -> list[str]:
     return subprocess.run(["pgrep", "-f", f"^{name}"], capture_output=True, text=True).stdout.split()
 
 
+def _finished(cluster, job: str) -> str:
+    """Wait until the job has left the queue (`sbatch --wait` looks only every few seconds); `scontrol show job`."""
+    _wait_until(lambda: cluster.run("squeue", "-h", "-j", job).strip() == "", f"job {job} finished", bound=300)
+    return cluster.run("scontrol", "show", "job", job)
+
+
 def _nothing_left(folder: Path, pids: dict[str, int]) -> None:
     assert not any(alive(pid) for pid in pids.values()), pids
     assert marked_processes(MARK_ENV, str(folder)) == []
@@ -196,3 +202,32 @@ def test_an_ordinary_user_runs_the_cluster():
     assert stopped.returncode == 0, stopped.stderr
     assert marked_processes(MARK_ENV, str(folder)) == []
     shutil.rmtree(root)
+
+
+def test_lesson_12s_batch_file_runs_unchanged_survives_a_killed_rank_and_ends_with_the_same_weights(tmp_path):
+    """scripts/12_two_nodes.sbatch as the lesson wrote it, on two practice nodes, one rank each: straight
+    through, then with rank 1 (on the second node) killed mid-epoch. Both nodes' ranks start again, resume
+    from the last checkpoint and end with the uninterrupted run's weights, bit for bit."""
+    import torch
+
+    notebooks = ROOT / "notebooks"
+    common = ["--model", "crash_once:build_model", "--optimizer", "sgd", "--lr", "0.05", "--epochs", "3",
+              "--batch-size", "32"]
+    with practice_cluster(nodes=2, folder=tmp_path / "cluster") as cluster:
+        env = {**cluster.environment(), "NPROC_PER_NODE": "1", "FOURCARDS_VENV": sys.prefix}
+        logs = {}
+        for run, data in (("uninterrupted", "crash_once:build_datasets"), ("killed", "crash_once:build_datasets_cut_once")):
+            job = subprocess.run(
+                ["sbatch", "--parsable", "--gpus-per-node=0", "--cpus-per-task=1", f"--output={tmp_path}/{run}.out",
+                 "scripts/12_two_nodes.sbatch", *common, "--data", data, "--checkpoint-dir", str(tmp_path / run)],
+                cwd=notebooks, env=env, capture_output=True, text=True, check=True).stdout.strip()
+            state = _finished(cluster, job)
+            logs[run] = (tmp_path / f"{run}.out").read_text()
+            assert "JobState=COMPLETED" in state and "ExitCode=0:0" in state, (state, logs[run][-3000:])
+    assert logs["uninterrupted"].count("train_any: ddp on 2 CPU processes") == 1 and "killed at" not in logs["uninterrupted"]
+    killed = logs["killed"]
+    assert "rank 1: killed at item" in killed and killed.count("train_any: ddp on 2 CPU processes") == 2  # rank 0 too
+    assert killed.index("killed at item") < killed.index("resumed from epoch-0001, 1 of 3 epochs done") < killed.index("epoch 3/3")
+    a = torch.load(tmp_path / "uninterrupted" / "model.pt", weights_only=True)
+    b = torch.load(tmp_path / "killed" / "model.pt", weights_only=True)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
