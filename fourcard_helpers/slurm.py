@@ -125,7 +125,9 @@ def _write_conf(folder: Path, nodes: list[str], cpus: int) -> None:
         f"SlurmUser={user}",  # the learner runs every daemon: no root
         f"SlurmdUser={user}",
         "AuthType=auth/munge",
-        f"AuthInfo=socket={folder / 'munge' / 'munge.socket'}",
+        # cred_expire: how long a requeued job waits before it may start again, 120 s by default; 10 s here keeps
+        # the lesson short (a job step must start within it, ample on one machine)
+        f"AuthInfo=socket={folder / 'munge' / 'munge.socket'},cred_expire=10",
         f"StateSaveLocation={folder / 'state'}",
         f"SlurmdSpoolDir={folder / 'spool' / '%n'}",
         f"SlurmctldPidFile={folder / 'run' / 'slurmctld.pid'}",
@@ -137,6 +139,8 @@ def _write_conf(folder: Path, nodes: list[str], cpus: int) -> None:
         "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_Core",
         "SchedulerType=sched/backfill",
+        # every 2 s rather than SLURM's 60 (main loop) and 30 (backfill): a requeued job starts again as soon as it may
+        "SchedulerParameters=sched_interval=2,bf_interval=2",
         "MpiDefault=none",
         "ReturnToService=2",
         "SlurmdTimeout=30",

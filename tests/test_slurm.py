@@ -231,3 +231,63 @@ def test_lesson_12s_batch_file_runs_unchanged_survives_a_killed_rank_and_ends_wi
     a = torch.load(tmp_path / "uninterrupted" / "model.pt", weights_only=True)
     b = torch.load(tmp_path / "killed" / "model.pt", weights_only=True)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+def test_lesson_12s_batch_file_outlives_its_time_limit_by_requeueing_and_ends_with_the_same_weights(tmp_path):
+    """The same file with SLURM's shortest limit (one minute) and its warning 30 s ahead, on training that needs
+    about 40 s after that warning could come: requeued at the warning, resumed from a checkpoint, the weights of a
+    run with no limit. The reference runs first: two jobs at once would share the rendezvous port on this machine."""
+    import re
+
+    import torch
+
+    (tmp_path / "slow_data.py").write_text(textwrap.dedent('''\
+        """Lesson 12's data (crash_once.py), each training item fetched 20 ms late: about 5 s an epoch on two ranks,
+        8 epochs about 40 s, longer than the 30 s before a one-minute limit's warning asked for 30 s ahead. A sleep,
+        not arithmetic: the numbers are those of the fast data."""
+        import time
+
+        from torch.utils.data import Dataset
+
+        from crash_once import build_datasets
+
+
+        class Slow(Dataset):
+            def __init__(self, data):
+                self.data = data
+
+            def __len__(self):
+                return len(self.data)
+
+            def __getitem__(self, index):
+                time.sleep(0.02)
+                return self.data[index]
+
+
+        def build_datasets_slow():
+            train, test = build_datasets()
+            return Slow(train), test
+        '''))
+    common = ["--model", "crash_once:build_model", "--optimizer", "sgd", "--lr", "0.05", "--epochs", "8",
+              "--batch-size", "32"]
+    with practice_cluster(nodes=2, folder=tmp_path / "cluster") as cluster:
+        env = {**cluster.environment(), "NPROC_PER_NODE": "1", "FOURCARDS_VENV": sys.prefix,
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+        runs = {}
+        for run, data, limit in (("no limit", "crash_once:build_datasets", []),
+                                 ("one minute", "slow_data:build_datasets_slow", ["--time=1", "--signal=B:USR1@30"])):
+            job = subprocess.run(
+                ["sbatch", "--parsable", *limit, "--gpus-per-node=0", "--cpus-per-task=1", f"--output={tmp_path}/{run}.out",
+                 "scripts/12_two_nodes.sbatch", *common, "--data", data, "--checkpoint-dir", str(tmp_path / run)],
+                cwd=ROOT / "notebooks", env=env, capture_output=True, text=True, check=True).stdout.strip()
+            state = _finished(cluster, job)
+            runs[run] = state, (tmp_path / f"{run}.out").read_text()
+            assert "JobState=COMPLETED" in state and "ExitCode=0:0" in state, (state, runs[run][1][-3000:])
+    state, log = runs["one minute"]
+    assert "TimeLimit=00:01:00" in state and int(re.search(r"Restarts=(\d+)", state)[1]) >= 1  # requeued at least once
+    assert "time limit near: job requeued (run 0)" in log and re.search(r"resumed from epoch-000\d, \d of 8 epochs done", log)
+    assert "Restarts=0" in runs["no limit"][0] and "requeued" not in runs["no limit"][1]
+    a = torch.load(tmp_path / "no limit" / "model.pt", weights_only=True)
+    b = torch.load(tmp_path / "one minute" / "model.pt", weights_only=True)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
