@@ -3,7 +3,8 @@
 SLURM is where a learner goes when one machine's cards are no longer enough, and a first job on a
 real cluster is where a day gets lost. Lesson 12's batch file runs here for real: SLURM's own
 daemons (`munged` for authentication, `slurmctld` the controller, one `slurmd` per node), each node
-a name with its own port on 127.0.0.1, everything in one folder the learner owns.
+a name with its own port and the address 127.0.0.1, everything in one folder the learner owns. (The
+daemons listen on every interface, as SLURM's do; only holders of the folder's munge key get in.)
 
     python -m fourcard_helpers.slurm up [--nodes 2] [--dir DIR]   # prints the line to paste: export SLURM_CONF=...
     python -m fourcard_helpers.slurm status [--dir DIR]
@@ -14,8 +15,9 @@ or, from Python, a cluster that is stopped when the block ends, and also if the 
     with practice_cluster(nodes=2) as cluster:
         subprocess.run(["sbatch", ...], env=cluster.environment())
 
-`down` stops exactly the processes `up` started (by pid, recorded in the folder), after cancelling
-every job, and then any process still carrying the cluster's mark (a job step's `slurmstepd`).
+`down` cancels every job, stops exactly the daemons `up` started (by pid, recorded in the folder, and
+only while the process still carries the cluster's mark), then kills what a job left running if the
+controller could not end it: each of this cluster's `slurmstepd` processes and everything under it.
 Needs Debian's or Ubuntu's `slurm-wlm munge` (SLURM 22.05 tried); nothing runs as root.
 """
 from __future__ import annotations
@@ -101,6 +103,43 @@ def _free_ports(count: int) -> list[int]:
             s.close()
 
 
+def _ours(pid: int, folder: Path) -> bool:
+    """Whether `pid` runs and is a daemon of this cluster: after a reboot a recorded pid may be anyone's."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return f"{MARK_ENV}={folder}".encode() in environ and alive(pid)
+
+
+def _kill(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _job_processes(folder: Path) -> list[int]:
+    """This cluster's `slurmstepd` processes (slurmd gives each the cluster's SLURM_CONF) and all below them."""
+    conf = f"SLURM_CONF={folder / 'slurm.conf'}".encode()
+    children: dict[int, list[int]] = {}
+    steps = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            children.setdefault(parent, []).append(int(entry.name))
+            if (entry / "cmdline").read_bytes().startswith(b"slurmstepd") and conf in (entry / "environ").read_bytes().split(b"\0"):
+                steps.append(int(entry.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    found, stack = [], list(steps)
+    while stack:
+        pid = stack.pop()
+        found.append(pid)
+        stack.extend(children.get(pid, []))
+    return [pid for pid in found if alive(pid)]
+
+
 def _state_file(folder: Path) -> Path:
     return folder / "cluster.json"
 
@@ -142,9 +181,9 @@ def _write_conf(folder: Path, nodes: list[str], cpus: int) -> None:
         # every 2 s rather than SLURM's 60 (main loop) and 30 (backfill): a requeued job starts again as soon as it may
         "SchedulerParameters=sched_interval=2,bf_interval=2",
         "MpiDefault=none",
-        "ReturnToService=2",
-        "SlurmdTimeout=30",
-        "KillWait=5",
+        "ReturnToService=2",  # a node that was down (its slurmd stopped) takes jobs again once it is back
+        "SlurmdTimeout=30",  # a node whose slurmd stopped answering is marked down after 30 s (SLURM: 300)
+        "KillWait=5",  # a cancelled job's processes get 5 s between SIGTERM and SIGKILL (SLURM: 30)
         "AccountingStorageType=accounting_storage/none",  # no slurmdbd: sacct has nothing to read
         "JobAcctGatherType=jobacct_gather/none",
         "JobCompType=jobcomp/none",
@@ -190,8 +229,9 @@ def _wait_for(what: str, ready, pids: dict[str, int], logs: dict[str, Path], tim
 
 def status(folder: Path = DEFAULT_DIR) -> Cluster | None:
     """The cluster running from `folder`, or None."""
-    cluster = _read_state(Path(folder))
-    if cluster is None or not all(alive(pid) for pid in cluster.pids.values()):
+    folder = Path(folder).expanduser().resolve()
+    cluster = _read_state(folder)
+    if cluster is None or not all(_ours(pid, folder) for pid in cluster.pids.values()):
         return None
     return cluster
 
@@ -262,14 +302,15 @@ def _all_idle(cluster: Cluster) -> bool:
 
 
 def down(folder: Path = DEFAULT_DIR, grace: float = 10.0) -> bool:
-    """Stop the cluster of `folder`: cancel its jobs, stop its daemons by pid, then anything still marked.
+    """Stop the cluster of `folder`: cancel its jobs, stop its daemons by pid, then what its jobs left running.
 
-    True if there was a cluster to stop. Leaves the folder's logs; removes its state, sockets and pid files."""
+    True if there was a cluster to stop. Raises ClusterError naming any process it could not stop.
+    Leaves the folder's logs; removes its state, sockets and pid files."""
     folder = Path(folder).expanduser().resolve()
     cluster = _read_state(folder)
     if cluster is None:
         return False
-    if cluster.pids.get("slurmctld") and alive(cluster.pids["slurmctld"]):
+    if _ours(cluster.pids.get("slurmctld", -1), folder):
         env = cluster.environment()
         subprocess.run(["scancel", f"--partition={PARTITION}"], env=env, capture_output=True)
         deadline = time.monotonic() + grace
@@ -281,25 +322,29 @@ def down(folder: Path = DEFAULT_DIR, grace: float = 10.0) -> bool:
     order = [name for name in cluster.pids if name.startswith("slurmd")] + ["slurmctld", "munged"]
     for name in order:  # nodes first, the controller, then authentication, which the others use to the end
         pid = cluster.pids.get(name)
-        if pid is None or not alive(pid):
+        if pid is None or not _ours(pid, folder):
             continue
-        os.kill(pid, signal.SIGTERM)
+        _kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + grace
-        while alive(pid) and time.monotonic() < deadline:
+        while _ours(pid, folder) and time.monotonic() < deadline:
             time.sleep(0.05)
-        if alive(pid):
-            os.kill(pid, signal.SIGKILL)
+        if _ours(pid, folder):
+            _kill(pid, signal.SIGKILL)
+    # What a job left running (the controller was gone, or the job outlived the grace): its steps and tasks.
+    def left() -> list[int]:
+        return _job_processes(folder) + marked_processes(MARK_ENV, str(folder))
+
     deadline = time.monotonic() + grace
-    while (left := marked_processes(MARK_ENV, str(folder))) and time.monotonic() < deadline:
-        for pid in left:  # a slurmstepd and what it runs: started by a slurmd, so marked as it is
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+    while (pids := left()) and time.monotonic() < deadline:
+        for pid in pids:
+            _kill(pid, signal.SIGKILL)
         time.sleep(0.05)
     for leftover in [*(folder / "run").glob("*"), *(folder / "munge").glob("munge.socket*")]:
         leftover.unlink(missing_ok=True)
     _state_file(folder).unlink(missing_ok=True)
+    if pids := left():
+        raise ClusterError(f"processes of the cluster in {folder} are still running after SIGKILL: {pids}. "
+                           "They may belong to another user: stop them as that user, or as root.")
     return True
 
 
@@ -308,17 +353,20 @@ def practice_cluster(nodes: int = 2, folder: Path | None = None) -> Iterator[Clu
     """A practice cluster for a `with` block, stopped when the block ends, also if the kernel dies in it.
 
     A guard process holds the read end of a pipe whose write end only this process holds
-    (lifecycle.KernelPipe): if this process dies, however it dies, the guard runs `down`."""
-    folder = Path(folder) if folder is not None else Path(tempfile.mkdtemp(prefix="fourcards-slurm-"))
-    cluster = up(nodes, folder)
+    (lifecycle.KernelPipe): if this process dies, however it dies, even while `up` is still starting the
+    daemons, the guard runs `down`, which finds each daemon in the folder's record as soon as it exists."""
+    folder = Path(folder).expanduser().resolve() if folder is not None else Path(tempfile.mkdtemp(prefix="fourcards-slurm-"))
+    folder.mkdir(parents=True, exist_ok=True)
     pipe = KernelPipe()
-    guard = pipe.start([sys.executable, "-m", "fourcard_helpers.slurm", "guard", "--dir", str(cluster.dir)],
-                       dict(os.environ), subprocess.DEVNULL)
+    with open(folder / "guard.log", "ab") as log:
+        guard = pipe.start([sys.executable, "-m", "fourcard_helpers.slurm", "guard", "--dir", str(folder)],
+                           dict(os.environ), log)
     pipe.started()
     try:
+        cluster = up(nodes, folder)
         yield cluster
     finally:
-        down(cluster.dir)
+        down(folder)
         pipe.close()
         guard.wait()
 

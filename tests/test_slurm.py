@@ -5,6 +5,7 @@ skip would hide a missing install step and so fails (.ci/run installs `slurm-wlm
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -208,86 +209,135 @@ def test_lesson_12s_batch_file_runs_unchanged_survives_a_killed_rank_and_ends_wi
     """scripts/12_two_nodes.sbatch as the lesson wrote it, on two practice nodes, one rank each: straight
     through, then with rank 1 (on the second node) killed mid-epoch. Both nodes' ranks start again, resume
     from the last checkpoint and end with the uninterrupted run's weights, bit for bit."""
-    import torch
-
-    notebooks = ROOT / "notebooks"
-    common = ["--model", "crash_once:build_model", "--optimizer", "sgd", "--lr", "0.05", "--epochs", "3",
-              "--batch-size", "32"]
+    logs = {}
     with practice_cluster(nodes=2, folder=tmp_path / "cluster") as cluster:
-        env = {**cluster.environment(), "NPROC_PER_NODE": "1", "FOURCARDS_VENV": sys.prefix}
-        logs = {}
         for run, data in (("uninterrupted", "crash_once:build_datasets"), ("killed", "crash_once:build_datasets_cut_once")):
-            job = subprocess.run(
-                ["sbatch", "--parsable", "--gpus-per-node=0", "--cpus-per-task=1", f"--output={tmp_path}/{run}.out",
-                 "scripts/12_two_nodes.sbatch", *common, "--data", data, "--checkpoint-dir", str(tmp_path / run)],
-                cwd=notebooks, env=env, capture_output=True, text=True, check=True).stdout.strip()
-            state = _finished(cluster, job)
+            state = _finished(cluster, _submit(cluster, tmp_path, run, 3, data))
             logs[run] = (tmp_path / f"{run}.out").read_text()
             assert "JobState=COMPLETED" in state and "ExitCode=0:0" in state, (state, logs[run][-3000:])
     assert logs["uninterrupted"].count("train_any: ddp on 2 CPU processes") == 1 and "killed at" not in logs["uninterrupted"]
     killed = logs["killed"]
     assert "rank 1: killed at item" in killed and killed.count("train_any: ddp on 2 CPU processes") == 2  # rank 0 too
     assert killed.index("killed at item") < killed.index("resumed from epoch-0001, 1 of 3 epochs done") < killed.index("epoch 3/3")
-    a = torch.load(tmp_path / "uninterrupted" / "model.pt", weights_only=True)
-    b = torch.load(tmp_path / "killed" / "model.pt", weights_only=True)
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert _same_weights(tmp_path / "uninterrupted", tmp_path / "killed")
+
+
+SLOW_DATA = textwrap.dedent('''\
+    """Lesson 12's data (crash_once.py), each training item fetched 4 ms late: about 1 s an epoch on two ranks,
+    so that training outlives a one-minute limit while every run of it gets past a checkpoint or several. A sleep,
+    not arithmetic: the numbers are those of the fast data."""
+    import time
+
+    from torch.utils.data import Dataset
+
+    from crash_once import build_datasets
+
+
+    class Slow(Dataset):
+        def __init__(self, data):
+            self.data = data
+
+        def __len__(self):
+            return len(self.data)
+
+        def __getitem__(self, index):
+            time.sleep(0.004)
+            return self.data[index]
+
+
+    def build_datasets_slow():
+        train, test = build_datasets()
+        return Slow(train), test
+    ''')
+
+
+def _submit(cluster, tmp_path: Path, run: str, epochs: int, data: str, *options: str) -> str:
+    """Submit lesson 12's batch file, unchanged, from the notebooks folder: two nodes, one rank each."""
+    (tmp_path / "slow_data.py").write_text(SLOW_DATA)
+    env = {**cluster.environment(), "NPROC_PER_NODE": "1", "FOURCARDS_VENV": sys.prefix,
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    return subprocess.run(
+        ["sbatch", "--parsable", *options, "--gpus-per-node=0", "--cpus-per-task=1", f"--output={tmp_path}/{run}.out",
+         "scripts/12_two_nodes.sbatch", "--model", "crash_once:build_model", "--optimizer", "sgd", "--lr", "0.05",
+         "--epochs", str(epochs), "--batch-size", "32", "--data", data, "--checkpoint-dir", str(tmp_path / run)],
+        cwd=ROOT / "notebooks", env=env, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def _same_weights(a: Path, b: Path) -> bool:
+    import torch
+
+    one, other = torch.load(a / "model.pt", weights_only=True), torch.load(b / "model.pt", weights_only=True)
+    return one.keys() == other.keys() and all(torch.equal(one[k], other[k]) for k in one)
+
+
+@pytest.mark.slow
+def test_lesson_12s_batch_file_requeues_itself_on_the_time_limit_warning(tmp_path):
+    """The warning SLURM sends before the limit, sent by hand once a checkpoint exists (`scancel --batch
+    --signal=USR1`, what `--signal=B:USR1@...` sends): the trap requeues the job, SLURM starts it again,
+    it resumes and ends with the weights of a run never stopped."""
+    with practice_cluster(nodes=2, folder=tmp_path / "cluster") as cluster:
+        reference = _submit(cluster, tmp_path, "reference", 12, "crash_once:build_datasets")
+        assert "JobState=COMPLETED" in _finished(cluster, reference)
+        job = _submit(cluster, tmp_path, "warned", 12, "slow_data:build_datasets_slow")
+        _wait_until(lambda: "epoch 2/12" in (tmp_path / "warned.out").read_text(errors="replace")
+                    if (tmp_path / "warned.out").exists() else False, "two epochs done, checkpointed", bound=120)
+        cluster.run("scancel", "--batch", "--signal=USR1", job)
+        state = _finished(cluster, job)
+    log = (tmp_path / "warned.out").read_text()
+    assert "JobState=COMPLETED" in state and "ExitCode=0:0" in state and "Restarts=1" in state, (state, log[-3000:])
+    assert "time limit near: job requeued (run 0)" in log
+    assert re.search(r"resumed from epoch-00(0[2-9]|1[01]), \d+ of 12 epochs done", log), log[-3000:]
+    assert _same_weights(tmp_path / "reference", tmp_path / "warned")
 
 
 @pytest.mark.slow
 def test_lesson_12s_batch_file_outlives_its_time_limit_by_requeueing_and_ends_with_the_same_weights(tmp_path):
-    """The same file with SLURM's shortest limit (one minute) and its warning 30 s ahead, on training that needs
-    about 40 s after that warning could come: requeued at the warning, resumed from a checkpoint, the weights of a
-    run with no limit. The reference runs first: two jobs at once would share the rendezvous port on this machine."""
-    import re
-
-    import torch
-
-    (tmp_path / "slow_data.py").write_text(textwrap.dedent('''\
-        """Lesson 12's data (crash_once.py), each training item fetched 20 ms late: about 5 s an epoch on two ranks,
-        8 epochs about 40 s, longer than the 30 s before a one-minute limit's warning asked for 30 s ahead. A sleep,
-        not arithmetic: the numbers are those of the fast data."""
-        import time
-
-        from torch.utils.data import Dataset
-
-        from crash_once import build_datasets
-
-
-        class Slow(Dataset):
-            def __init__(self, data):
-                self.data = data
-
-            def __len__(self):
-                return len(self.data)
-
-            def __getitem__(self, index):
-                time.sleep(0.02)
-                return self.data[index]
-
-
-        def build_datasets_slow():
-            train, test = build_datasets()
-            return Slow(train), test
-        '''))
-    common = ["--model", "crash_once:build_model", "--optimizer", "sgd", "--lr", "0.05", "--epochs", "8",
-              "--batch-size", "32"]
+    """SLURM's own warning, with its shortest limit (one minute) and the warning asked 30 s ahead (SLURM checks
+    every 30 s, so it comes 0 to 30 s into each run), on training of about 45 s: requeued at least once, resumed from
+    a checkpoint, the weights of a run with no limit. The reference runs first: its port is its own, but the two
+    runs would share two cores."""
     with practice_cluster(nodes=2, folder=tmp_path / "cluster") as cluster:
-        env = {**cluster.environment(), "NPROC_PER_NODE": "1", "FOURCARDS_VENV": sys.prefix,
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
-        runs = {}
-        for run, data, limit in (("no limit", "crash_once:build_datasets", []),
-                                 ("one minute", "slow_data:build_datasets_slow", ["--time=1", "--signal=B:USR1@30"])):
-            job = subprocess.run(
-                ["sbatch", "--parsable", *limit, "--gpus-per-node=0", "--cpus-per-task=1", f"--output={tmp_path}/{run}.out",
-                 "scripts/12_two_nodes.sbatch", *common, "--data", data, "--checkpoint-dir", str(tmp_path / run)],
-                cwd=ROOT / "notebooks", env=env, capture_output=True, text=True, check=True).stdout.strip()
-            state = _finished(cluster, job)
-            runs[run] = state, (tmp_path / f"{run}.out").read_text()
-            assert "JobState=COMPLETED" in state and "ExitCode=0:0" in state, (state, runs[run][1][-3000:])
-    state, log = runs["one minute"]
+        reference = _submit(cluster, tmp_path, "no limit", 40, "crash_once:build_datasets")
+        assert "JobState=COMPLETED" in _finished(cluster, reference)
+        job = _submit(cluster, tmp_path, "one minute", 40, "slow_data:build_datasets_slow", "--time=1", "--signal=B:USR1@30")
+        state = _finished(cluster, job)
+    log = (tmp_path / "one minute.out").read_text()
+    assert "JobState=COMPLETED" in state and "ExitCode=0:0" in state, (state, log[-3000:])
     assert "TimeLimit=00:01:00" in state and int(re.search(r"Restarts=(\d+)", state)[1]) >= 1  # requeued at least once
-    assert "time limit near: job requeued (run 0)" in log and re.search(r"resumed from epoch-000\d, \d of 8 epochs done", log)
-    assert "Restarts=0" in runs["no limit"][0] and "requeued" not in runs["no limit"][1]
-    a = torch.load(tmp_path / "no limit" / "model.pt", weights_only=True)
-    b = torch.load(tmp_path / "one minute" / "model.pt", weights_only=True)
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert "time limit near: job requeued (run 0)" in log and re.search(r"resumed from epoch-00\d\d, \d+ of 40 epochs", log)
+    assert _same_weights(tmp_path / "no limit", tmp_path / "one minute")
+
+
+def test_down_ends_a_job_the_controller_can_no_longer_end(tmp_path):
+    """The controller killed (a crash): scancel cannot reach it, yet `down` leaves no step and no task running."""
+    cluster = up(2, tmp_path / "cluster")
+    marker = f"fourcards-orphan-{os.getpid()}"
+    try:
+        job = tmp_path / "job.sh"
+        job.write_text(f"#!/bin/bash\n#SBATCH --nodes=2\nsrun bash -c 'exec -a {marker} sleep 600'\n")
+        cluster.run("sbatch", f"--chdir={tmp_path}", f"--output={tmp_path}/out.txt", str(job))
+        _wait_until(lambda: len(_tasks(marker)) == 2, "both nodes' tasks running")
+        os.kill(cluster.pids["slurmctld"], signal.SIGKILL)
+    finally:
+        down(cluster.dir)
+    _nothing_left(cluster.dir, cluster.pids)
+    assert _tasks(marker) == [] and _tasks("slurmstepd") == []
+
+
+def test_a_stale_record_naming_someone_elses_process_is_left_alone(tmp_path):
+    """After a reboot the recorded pids may belong to other programs: neither `up` nor `down` touches them."""
+    import json
+
+    other = subprocess.Popen(["sleep", "600"])
+    folder = (tmp_path / "cluster").resolve()
+    folder.mkdir()
+    (folder / "cluster.json").write_text(json.dumps({"nodes": ["n1"], "pids": {"munged": other.pid, "slurmctld": other.pid,
+                                                                                "slurmd n1": other.pid}}))
+    try:
+        assert status(folder) is None  # not ours: no cluster runs
+        cluster = up(1, folder)        # the stale record is cleared, the cluster starts
+        assert down(cluster.dir)
+        assert other.poll() is None    # still running
+    finally:
+        other.kill()
+        other.wait()

@@ -43,6 +43,7 @@ if rank == 3:
         time.sleep(args.stuck_for)  # rank 3 is stuck here: a dead disk, a deadlock, ...
     except LetGo:
         pass
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # a SIGUSR2 that comes late does nothing
 dist.barrier()  # ranks 0, 1 and 2 wait here for rank 3
 report(pid=os.getpid())
 dist.destroy_process_group()
