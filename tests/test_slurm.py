@@ -76,7 +76,10 @@ def test_up_runs_a_two_node_job_and_down_leaves_nothing(tmp_path):
     assert status(cluster.dir) is None and not down(cluster.dir)  # `down` when none runs: nothing to stop
 
 
-def test_down_cancels_a_running_job_and_its_processes_end(tmp_path):
+@pytest.mark.parametrize("controller", ["running", "killed"])
+def test_down_ends_a_running_job_and_its_processes(tmp_path, controller):
+    """`down` with a job running: cancelled through the controller, or, the controller killed (a crash) so that
+    scancel cannot reach it, ended by killing this cluster's job steps. Either way no step and no task is left."""
     cluster = up(2, tmp_path / "cluster")
     marker = f"fourcards-still-running-{os.getpid()}"
     try:
@@ -84,10 +87,12 @@ def test_down_cancels_a_running_job_and_its_processes_end(tmp_path):
         job.write_text(f"#!/bin/bash\n#SBATCH --nodes=2\nsrun bash -c 'echo started; exec -a {marker} sleep 600'\n")
         cluster.run("sbatch", f"--chdir={tmp_path}", f"--output={tmp_path}/out.txt", str(job))
         _wait_until(lambda: len(_tasks(marker)) == 2, "both nodes' tasks running")
+        if controller == "killed":
+            os.kill(cluster.pids["slurmctld"], signal.SIGKILL)
     finally:
         down(cluster.dir)
     _nothing_left(cluster.dir, cluster.pids)
-    assert _tasks(marker) == []
+    assert _tasks(marker) == [] and _tasks("slurmstepd") == []
 
 
 def test_up_while_running_refuses_and_a_stale_folder_is_cleaned(tmp_path):
@@ -306,22 +311,6 @@ def test_lesson_12s_batch_file_outlives_its_time_limit_by_requeueing_and_ends_wi
     assert "TimeLimit=00:01:00" in state and int(re.search(r"Restarts=(\d+)", state)[1]) >= 1  # requeued at least once
     assert "time limit near: job requeued (run 0)" in log and re.search(r"resumed from epoch-00\d\d, \d+ of 40 epochs", log)
     assert _same_weights(tmp_path / "no limit", tmp_path / "one minute")
-
-
-def test_down_ends_a_job_the_controller_can_no_longer_end(tmp_path):
-    """The controller killed (a crash): scancel cannot reach it, yet `down` leaves no step and no task running."""
-    cluster = up(2, tmp_path / "cluster")
-    marker = f"fourcards-orphan-{os.getpid()}"
-    try:
-        job = tmp_path / "job.sh"
-        job.write_text(f"#!/bin/bash\n#SBATCH --nodes=2\nsrun bash -c 'exec -a {marker} sleep 600'\n")
-        cluster.run("sbatch", f"--chdir={tmp_path}", f"--output={tmp_path}/out.txt", str(job))
-        _wait_until(lambda: len(_tasks(marker)) == 2, "both nodes' tasks running")
-        os.kill(cluster.pids["slurmctld"], signal.SIGKILL)
-    finally:
-        down(cluster.dir)
-    _nothing_left(cluster.dir, cluster.pids)
-    assert _tasks(marker) == [] and _tasks("slurmstepd") == []
 
 
 def test_a_stale_record_naming_someone_elses_process_is_left_alone(tmp_path):
