@@ -18,11 +18,15 @@ or, from Python, a cluster that is stopped when the block ends, and also if the 
 `down` cancels every job, stops exactly the daemons `up` started (by pid, recorded in the folder, and
 only while the process still carries the cluster's mark), then kills what a job left running if the
 controller could not end it: each of this cluster's `slurmstepd` processes and everything under it.
-Needs Debian's or Ubuntu's `slurm-wlm munge` (SLURM 22.05 tried); nothing runs as root.
+With GPUs (`/dev/nvidia0`, ...), each node gets an equal share of them as a GRES, so that a batch file's
+`--gpus-per-node` works unchanged. Several practice clusters may run at once (the tests and a lesson, say):
+each numbers its jobs from a block of its own, since lesson 12's file takes its rendezvous port from the
+job id. Needs Debian's or Ubuntu's `slurm-wlm munge` (SLURM 22.05 tried); nothing runs as root.
 """
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import pwd
@@ -38,9 +42,9 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
-from .lifecycle import KernelPipe, alive, marked_processes, stop_when_kernel_dies
+from .lifecycle import KernelPipe, alive, marked_processes, marks, stop_when_kernel_dies
 
 __all__ = ["Cluster", "ClusterError", "practice_cluster", "up", "down", "status", "missing_programs"]
 
@@ -51,6 +55,9 @@ INSTALL_HINT = ("install SLURM and munge: on Debian or Ubuntu `sudo apt-get inst
                 "elsewhere your system's slurm and munge packages")
 PARTITION = "practice"
 IDLE_TIMEOUT = 60.0  # bounds only a node that never comes up; the wait itself ends on `sinfo` saying idle
+# Lesson 12's batch file listens for its rendezvous on port 20000 + job id % 10000, one port per job on a real
+# cluster. Practice clusters on one machine would all number their jobs from 1: each takes a block of its own.
+JOB_ID_BLOCK, JOB_ID_BLOCKS = 1000, 10
 
 
 class ClusterError(RuntimeError):
@@ -64,6 +71,8 @@ class Cluster:
     dir: Path
     nodes: tuple[str, ...]
     pids: dict[str, int]  # daemon name ("munged", "slurmctld", "slurmd n1", ...) -> pid
+    first_job_id: int = 1  # this cluster's jobs are numbered from here
+    gpus_per_node: int = 0  # each node's share of the machine's GPUs, as the GRES gpu
 
     @property
     def conf(self) -> Path:
@@ -72,6 +81,10 @@ class Cluster:
     def environment(self) -> dict[str, str]:
         """This process's environment with SLURM_CONF naming the cluster: for sbatch, squeue, ..."""
         return {**os.environ, "SLURM_CONF": str(self.conf)}
+
+    def job_processes(self) -> list[int]:
+        """The pids of every process this cluster's jobs are running now (their job steps and all below)."""
+        return _job_processes(self.dir)
 
     def run(self, *command: str) -> str:
         """Run a SLURM command (`cluster.run("squeue")`) against this cluster; its output, or an error that shows it."""
@@ -149,10 +162,42 @@ def _read_state(folder: Path) -> Cluster | None:
         state = json.loads(_state_file(folder).read_text())
     except (OSError, ValueError):
         return None
-    return Cluster(dir=folder, nodes=tuple(state["nodes"]), pids=dict(state["pids"]))
+    return Cluster(dir=folder, nodes=tuple(state["nodes"]), pids=dict(state["pids"]),
+                   first_job_id=state.get("first_job_id", 1), gpus_per_node=state.get("gpus_per_node", 0))
 
 
-def _write_conf(folder: Path, nodes: list[str], cpus: int) -> None:
+def gpu_files() -> list[str]:
+    """This machine's NVIDIA GPUs, as their device files in number order (none without a GPU)."""
+    found = Path("/dev").glob("nvidia[0-9]*")
+    return [str(path) for path in sorted(found, key=lambda path: int(path.name.removeprefix("nvidia")))]
+
+
+def _share(files: list[str], nodes: list[str]) -> dict[str, list[str]]:
+    """An equal share of the GPUs for each node, in order (what does not divide evenly is left out)."""
+    each = len(files) // len(nodes)
+    return {name: files[i * each:(i + 1) * each] for i, name in enumerate(nodes)}
+
+
+@contextmanager
+def _machine_lock() -> Iterator[None]:
+    """One `up` at a time on this machine (per user): each sees the job-id blocks of clusters already up."""
+    with open(Path(tempfile.gettempdir()) / f"fourcards-slurm-{os.geteuid()}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _first_job_id(folder: Path) -> int:
+    """The first id of a job-id block no other running practice cluster on this machine uses."""
+    taken = {cluster.first_job_id for other in set(marks(MARK_ENV).values()) - {str(folder)}
+             if (cluster := _read_state(Path(other))) is not None}
+    free = [1 + JOB_ID_BLOCK * k for k in range(JOB_ID_BLOCKS) if 1 + JOB_ID_BLOCK * k not in taken]
+    if not free:
+        raise ClusterError(f"{JOB_ID_BLOCKS} practice clusters already run on this machine: stop one with "
+                           "`python -m fourcard_helpers.slurm down --dir ...` first.")
+    return free[0]
+
+
+def _write_conf(folder: Path, nodes: list[str], cpus: int, first_job_id: int, gpus: dict[str, list[str]]) -> None:
     user = pwd.getpwuid(os.geteuid()).pw_name  # who runs `up`, not what $USER says
     host = socket.gethostname()
     controller_port, *node_ports = _free_ports(1 + len(nodes))
@@ -187,11 +232,41 @@ def _write_conf(folder: Path, nodes: list[str], cpus: int) -> None:
         "AccountingStorageType=accounting_storage/none",  # no slurmdbd: sacct has nothing to read
         "JobAcctGatherType=jobacct_gather/none",
         "JobCompType=jobcomp/none",
+        f"FirstJobId={first_job_id}",  # this cluster's own block of ids (see JOB_ID_BLOCK)
+        f"MaxJobId={first_job_id + JOB_ID_BLOCK - 1}",  # after the block, SLURM numbers from FirstJobId again
     ]
+    if any(gpus.values()):
+        lines += ["GresTypes=gpu", f"TaskProlog={folder / 'task_prolog.sh'}"]
+        _write_task_prolog(folder, gpus)
     for name, port in zip(nodes, node_ports):
-        lines.append(f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} CPUs={cpus} State=UNKNOWN")
+        gres = f" Gres=gpu:{len(gpus[name])}" if gpus[name] else ""
+        lines.append(f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} CPUs={cpus}{gres} State=UNKNOWN")
     lines.append(f"PartitionName={PARTITION} Nodes={','.join(nodes)} Default=YES MaxTime=INFINITE State=UP")
     (folder / "slurm.conf").write_text("\n".join(lines) + "\n")
+    # gres.conf, beside slurm.conf: which device files are each node's GPUs. SLURM gives a job's tasks
+    # CUDA_VISIBLE_DEVICES from the files' numbers (no cgroups here, so no renumbering): the node's own cards.
+    gres = ["AutoDetect=off"] + [f"NodeName={name} Name=gpu File={file}" for name in nodes for file in gpus[name]]
+    (folder / "gres.conf").write_text("\n".join(gres) + "\n")
+
+
+def _write_task_prolog(folder: Path, gpus: dict[str, list[str]]) -> None:
+    """SLURM numbers each node's GPUs from 0 in CUDA_VISIBLE_DEVICES, right on a real cluster, where each node is a
+    machine of its own. Here every node is this one machine, and n2's tasks would get n1's cards: the prolog,
+    which SLURM runs before each task and whose `export` lines set the task's environment, gives the node's own."""
+    cards = " ".join(f'[{name}]="{" ".join(Path(f).name.removeprefix("nvidia") for f in files)}"'
+                     for name, files in gpus.items())
+    prolog = folder / "task_prolog.sh"
+    prolog.write_text(f"""#!/bin/bash
+# Written by `python -m fourcard_helpers.slurm up`: each node's own GPUs (see _write_task_prolog).
+declare -A cards=({cards})
+[ -n "$CUDA_VISIBLE_DEVICES" ] || exit 0
+read -ra own <<< "${{cards[$SLURMD_NODENAME]}}"
+IFS=, read -ra given <<< "$CUDA_VISIBLE_DEVICES"
+mapped=()
+for i in "${{given[@]}}"; do mapped+=("${{own[$i]}}"); done
+(IFS=,; echo "export CUDA_VISIBLE_DEVICES=${{mapped[*]}}")
+""")
+    prolog.chmod(0o755)
 
 
 def _start(folder: Path, command: list[str], output: Path) -> int:
@@ -211,7 +286,7 @@ def _tail(path: Path, lines: int = 8) -> str:
         return "(no log)"
 
 
-def _wait_for(what: str, ready, pids: dict[str, int], logs: dict[str, Path], timeout: float) -> None:
+def _wait_for(what: str, ready: Callable[[], bool], pids: dict[str, int], logs: dict[str, Path], timeout: float) -> None:
     """Wait until `ready()`; fail at once, with the daemon's log, if a daemon it needs has exited."""
     deadline = time.monotonic() + timeout
     while not ready():
@@ -236,11 +311,18 @@ def status(folder: Path = DEFAULT_DIR) -> Cluster | None:
     return cluster
 
 
-def up(nodes: int = 2, folder: Path = DEFAULT_DIR, cpus: int | None = None) -> Cluster:
-    """Start a practice cluster of `nodes` nodes in `folder` and wait until every node is idle."""
+def up(nodes: int = 2, folder: Path = DEFAULT_DIR, cpus: int | None = None, gpus: list[str] | None = None) -> Cluster:
+    """Start a practice cluster of `nodes` nodes in `folder` and wait until every node is idle.
+
+    `gpus`: the GPU device files to share among the nodes (default: this machine's, `gpu_files()`)."""
     if missing := missing_programs():
         raise ClusterError(f"this machine lacks {', '.join(missing)}: {INSTALL_HINT}.")
     folder = Path(folder).expanduser().resolve()
+    with _machine_lock():
+        return _up(nodes, folder, cpus or os.cpu_count() or 1, gpu_files() if gpus is None else gpus)
+
+
+def _up(nodes: int, folder: Path, cpus: int, gpus: list[str]) -> Cluster:
     if status(folder) is not None:
         raise ClusterError(f"a practice cluster already runs from {folder}: use it, or stop it first with "
                            f"`python -m fourcard_helpers.slurm down --dir {folder}`.")
@@ -253,7 +335,8 @@ def up(nodes: int = 2, folder: Path = DEFAULT_DIR, cpus: int | None = None) -> C
     names = [f"n{i + 1}" for i in range(nodes)]
     for name in names:
         (folder / "spool" / name).mkdir()
-    _write_conf(folder, names, cpus or os.cpu_count() or 1)
+    first_job_id, share = _first_job_id(folder), _share(gpus, names)
+    _write_conf(folder, names, cpus, first_job_id, share)
     key = folder / "munge" / "munge.key"
     key.write_bytes(secrets.token_bytes(1024))
     key.chmod(0o400)  # munged refuses a key that others can read
@@ -270,16 +353,17 @@ def up(nodes: int = 2, folder: Path = DEFAULT_DIR, cpus: int | None = None) -> C
             program("munged"), "--foreground", "--force", f"--socket={socket_path}", f"--key-file={key}",
             f"--pid-file={folder / 'run' / 'munged.pid'}", f"--seed-file={folder / 'munge' / 'munged.seed'}"],
             logs["munged"])
-        _save(folder, names, pids)
+        _save(folder, names, pids, first_job_id, len(share[names[0]]))
         _wait_for("munged's socket", socket_path.exists, pids, logs, IDLE_TIMEOUT)
         pids["slurmctld"] = _start(folder, [program("slurmctld"), "-D", "-i", "-f", conf],
                                    folder / "log" / "slurmctld.out")
-        _save(folder, names, pids)
+        _save(folder, names, pids, first_job_id, len(share[names[0]]))
         for name in names:
             pids[f"slurmd {name}"] = _start(folder, [program("slurmd"), "-D", "-N", name, "-f", conf],
                                             folder / "log" / f"slurmd.{name}.out")
-            _save(folder, names, pids)
-        cluster = Cluster(dir=folder, nodes=tuple(names), pids=dict(pids))
+            _save(folder, names, pids, first_job_id, len(share[names[0]]))
+        cluster = Cluster(dir=folder, nodes=tuple(names), pids=dict(pids), first_job_id=first_job_id,
+                          gpus_per_node=len(share[names[0]]))
         _wait_for("every node idle", lambda: _all_idle(cluster), pids, logs, IDLE_TIMEOUT)
     except BaseException:
         down(folder)
@@ -287,10 +371,11 @@ def up(nodes: int = 2, folder: Path = DEFAULT_DIR, cpus: int | None = None) -> C
     return cluster
 
 
-def _save(folder: Path, names: list[str], pids: dict[str, int]) -> None:
+def _save(folder: Path, names: list[str], pids: dict[str, int], first_job_id: int, gpus_per_node: int) -> None:
     """Record each pid as soon as it exists: a `down` after any failure finds every daemon."""
     temporary = _state_file(folder).with_suffix(".tmp")
-    temporary.write_text(json.dumps({"nodes": names, "pids": pids}, indent=1))
+    temporary.write_text(json.dumps({"nodes": names, "pids": pids, "first_job_id": first_job_id,
+                                     "gpus_per_node": gpus_per_node}, indent=1))
     temporary.replace(_state_file(folder))
 
 
@@ -389,7 +474,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.action == "up":
             cluster = up(args.nodes, folder)
-            print(f"practice cluster up: {len(cluster.nodes)} nodes ({', '.join(cluster.nodes)}) idle, folder {folder}")
+            cards = f", {cluster.gpus_per_node} GPUs each" if cluster.gpus_per_node else ""
+            print(f"practice cluster up: {len(cluster.nodes)} nodes ({', '.join(cluster.nodes)}) idle{cards}, folder {folder}")
             print(f"export SLURM_CONF={cluster.conf}")
         elif args.action == "status":
             cluster = status(folder)

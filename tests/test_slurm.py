@@ -330,3 +330,41 @@ def test_a_stale_record_naming_someone_elses_process_is_left_alone(tmp_path):
     finally:
         other.kill()
         other.wait()
+
+
+def test_each_node_gets_its_own_share_of_the_gpus(tmp_path):
+    """Four GPUs on a machine of two practice nodes: two for each, as the GRES gpu, so that the batch file's
+    `--gpus-per-node` works; and each node's tasks see their own two cards, not the first node's (SLURM numbers
+    a node's cards from 0). The cards here are stand-ins: device files (links to /dev/null) named as NVIDIA's."""
+    cards = tmp_path / "dev"
+    cards.mkdir()
+    for number in range(4):
+        (cards / f"nvidia{number}").symlink_to("/dev/null")
+    job = tmp_path / "job.sh"
+    job.write_text("#!/bin/bash\n#SBATCH --nodes=2\nsrun bash -c 'echo $SLURMD_NODENAME $CUDA_VISIBLE_DEVICES'\n")
+    cluster = up(2, tmp_path / "cluster", gpus=[str(cards / f"nvidia{number}") for number in range(4)])
+    try:
+        assert cluster.gpus_per_node == 2 and status(cluster.dir) == cluster
+        assert cluster.run("sinfo", "-h", "-N", "-o", "%N %G").split() == ["n1", "gpu:2", "n2", "gpu:2"]
+        seen = {}
+        for per_node in (2, 1):
+            cluster.run("sbatch", "--wait", f"--gpus-per-node={per_node}", f"--chdir={tmp_path}",
+                        f"--output={tmp_path}/{per_node}.txt", str(job))
+            seen[per_node] = sorted((tmp_path / f"{per_node}.txt").read_text().splitlines())
+        assert seen == {2: ["n1 0,1", "n2 2,3"], 1: ["n1 0", "n2 2"]}
+        with pytest.raises(ClusterError, match="Requested node configuration is not available"):
+            cluster.run("sbatch", "--gpus-per-node=3", str(job))  # more than a node's share
+    finally:
+        down(cluster.dir)
+
+
+def test_two_clusters_at_once_number_their_jobs_apart(tmp_path):
+    """Lesson 12's file takes its rendezvous port from the job id: two practice clusters running at once (a
+    lesson beside the tests, say) must not both start at job 1, or their jobs would meet on one port."""
+    job = tmp_path / "job.sh"
+    job.write_text("#!/bin/bash\necho $SLURM_JOB_ID\n")
+    with practice_cluster(nodes=1, folder=tmp_path / "one") as one, practice_cluster(nodes=1, folder=tmp_path / "two") as two:
+        assert {one.first_job_id, two.first_job_id} == {1, 1001}
+        ids = [cluster.run("sbatch", "--parsable", "--wait", f"--output={tmp_path}/{cluster.dir.name}.txt", str(job)).strip()
+               for cluster in (one, two)]
+    assert ids == [str(one.first_job_id), str(two.first_job_id)]
