@@ -113,24 +113,17 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-def marks(name: str) -> dict[int, str]:
-    """Live processes whose environment holds the variable `name`, each with its value: who started
-    what, whichever group or session a process is in now. Processes of other users are seen only by root."""
-    prefix = f"{name}=".encode()
-    found = {}
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            held = [item for item in (entry / "environ").read_bytes().split(b"\0") if item.startswith(prefix)]
-        except OSError:
-            continue
-        if held and alive(int(entry.name)):
-            found[int(entry.name)] = held[0][len(prefix):].decode(errors="replace")
-    return found
-
-
 def marked_processes(name: str, value: str) -> list[int]:
     """Pids of live processes whose environment holds `name=value`."""
-    return [pid for pid, held in marks(name).items() if held == value]
+    marker = f"{name}={value}".encode()
+    pids = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            if marker in (entry / "environ").read_bytes().split(b"\0") and alive(int(entry.name)):
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
 
 
 def _signal_group(proc: subprocess.Popen[bytes], signum: int) -> None:

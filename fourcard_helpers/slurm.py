@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from .lifecycle import KernelPipe, alive, marked_processes, marks, stop_when_kernel_dies
+from .lifecycle import KernelPipe, alive, marked_processes, stop_when_kernel_dies
 
 __all__ = ["Cluster", "ClusterError", "practice_cluster", "up", "down", "status", "missing_programs"]
 
@@ -180,21 +180,61 @@ def _share(files: list[str], nodes: list[str]) -> dict[str, list[str]]:
 
 @contextmanager
 def _machine_lock() -> Iterator[None]:
-    """One `up` at a time on this machine (per user): each sees the job-id blocks of clusters already up."""
-    with open(Path(tempfile.gettempdir()) / f"fourcards-slurm-{os.geteuid()}.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    """One `up` at a time on this machine, whoever runs it (learners may share a server): each sees the
+    job-id blocks claimed before it. A lock on a file every user can open for reading."""
+    fd = os.open(Path(tempfile.gettempdir()) / "fourcards-slurm.lock", os.O_RDONLY | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
         yield
+    finally:
+        os.close(fd)
 
 
-def _first_job_id(folder: Path) -> int:
-    """The first id of a job-id block no other running practice cluster on this machine uses."""
-    taken = {cluster.first_job_id for other in set(marks(MARK_ENV).values()) - {str(folder)}
-             if (cluster := _read_state(Path(other))) is not None}
-    free = [1 + JOB_ID_BLOCK * k for k in range(JOB_ID_BLOCKS) if 1 + JOB_ID_BLOCK * k not in taken]
-    if not free:
-        raise ClusterError(f"{JOB_ID_BLOCKS} practice clusters already run on this machine: stop one with "
-                           "`python -m fourcard_helpers.slurm down --dir ...` first.")
-    return free[0]
+def _claim(first_job_id: int) -> Path:
+    """The machine-wide record that a running cluster numbers its jobs from `first_job_id`."""
+    return Path(tempfile.gettempdir()) / f"fourcards-slurm-jobs-{first_job_id}.json"
+
+
+def _claim_holder(claim: Path) -> dict | None:
+    """A claim's record ({"folder", "pid"}) while its process runs; None for a stale claim or none."""
+    try:
+        record = json.loads(claim.read_text())
+    except (OSError, ValueError):
+        return None
+    return record if alive(int(record.get("pid", -1))) else None
+
+
+def _write_claim(claim: Path, folder: Path, pid: int, new: bool) -> None:
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if new else os.O_TRUNC)
+    with os.fdopen(os.open(claim, flags, 0o644), "w") as out:
+        json.dump({"folder": str(folder), "pid": pid}, out)
+
+
+def _claim_job_ids(folder: Path) -> int:
+    """Claim a block of job ids no other running practice cluster on this machine has, whoever runs it
+    (under the machine lock); held by this process until the controller runs, then by the controller."""
+    for first in (1 + JOB_ID_BLOCK * k for k in range(JOB_ID_BLOCKS)):
+        claim = _claim(first)
+        if claim.exists():
+            if _claim_holder(claim) is not None:
+                continue
+            try:
+                claim.unlink()  # stale: its cluster was killed without `down`
+            except OSError:
+                continue  # another user's stale claim, which only they (or root) may remove: leave that block
+        _write_claim(claim, folder, os.getpid(), new=True)
+        return first
+    raise ClusterError(f"{JOB_ID_BLOCKS} practice clusters already run on this machine: stop one with "
+                       "`python -m fourcard_helpers.slurm down --dir ...` first.")
+
+
+def _release_job_ids(first_job_id: int, folder: Path) -> None:
+    claim = _claim(first_job_id)
+    try:
+        if json.loads(claim.read_text()).get("folder") == str(folder):
+            claim.unlink()
+    except (OSError, ValueError):
+        pass
 
 
 def _write_conf(folder: Path, nodes: list[str], cpus: int, first_job_id: int, gpus: dict[str, list[str]]) -> None:
@@ -250,21 +290,24 @@ def _write_conf(folder: Path, nodes: list[str], cpus: int, first_job_id: int, gp
 
 
 def _write_task_prolog(folder: Path, gpus: dict[str, list[str]]) -> None:
-    """SLURM numbers each node's GPUs from 0 in CUDA_VISIBLE_DEVICES, right on a real cluster, where each node is a
-    machine of its own. Here every node is this one machine, and n2's tasks would get n1's cards: the prolog,
-    which SLURM runs before each task and whose `export` lines set the task's environment, gives the node's own."""
+    """SLURM numbers each node's GPUs from 0 (CUDA_VISIBLE_DEVICES, and SLURM_JOB_GPUS, SLURM_STEP_GPUS,
+    GPU_DEVICE_ORDINAL beside it), right on a real cluster, where each node is a machine of its own. Here every
+    node is this one machine, and n2's tasks would get n1's cards: the prolog, which SLURM runs before each task
+    and whose `export` lines set the task's environment, gives the node's own."""
     cards = " ".join(f'[{name}]="{" ".join(Path(f).name.removeprefix("nvidia") for f in files)}"'
                      for name, files in gpus.items())
     prolog = folder / "task_prolog.sh"
     prolog.write_text(f"""#!/bin/bash
 # Written by `python -m fourcard_helpers.slurm up`: each node's own GPUs (see _write_task_prolog).
 declare -A cards=({cards})
-[ -n "$CUDA_VISIBLE_DEVICES" ] || exit 0
 read -ra own <<< "${{cards[$SLURMD_NODENAME]}}"
-IFS=, read -ra given <<< "$CUDA_VISIBLE_DEVICES"
-mapped=()
-for i in "${{given[@]}}"; do mapped+=("${{own[$i]}}"); done
-(IFS=,; echo "export CUDA_VISIBLE_DEVICES=${{mapped[*]}}")
+for name in CUDA_VISIBLE_DEVICES SLURM_JOB_GPUS SLURM_STEP_GPUS GPU_DEVICE_ORDINAL; do
+    [ -n "${{!name}}" ] || continue
+    IFS=, read -ra given <<< "${{!name}}"
+    mapped=()
+    for i in "${{given[@]}}"; do mapped+=("${{own[$i]}}"); done
+    (IFS=,; echo "export $name=${{mapped[*]}}")
+done
 """)
     prolog.chmod(0o755)
 
@@ -335,7 +378,7 @@ def _up(nodes: int, folder: Path, cpus: int, gpus: list[str]) -> Cluster:
     names = [f"n{i + 1}" for i in range(nodes)]
     for name in names:
         (folder / "spool" / name).mkdir()
-    first_job_id, share = _first_job_id(folder), _share(gpus, names)
+    first_job_id, share = _claim_job_ids(folder), _share(gpus, names)
     _write_conf(folder, names, cpus, first_job_id, share)
     key = folder / "munge" / "munge.key"
     key.write_bytes(secrets.token_bytes(1024))
@@ -357,6 +400,7 @@ def _up(nodes: int, folder: Path, cpus: int, gpus: list[str]) -> Cluster:
         _wait_for("munged's socket", socket_path.exists, pids, logs, IDLE_TIMEOUT)
         pids["slurmctld"] = _start(folder, [program("slurmctld"), "-D", "-i", "-f", conf],
                                    folder / "log" / "slurmctld.out")
+        _write_claim(_claim(first_job_id), folder, pids["slurmctld"], new=False)  # the block is the controller's now
         _save(folder, names, pids, first_job_id, len(share[names[0]]))
         for name in names:
             pids[f"slurmd {name}"] = _start(folder, [program("slurmd"), "-D", "-N", name, "-f", conf],
@@ -367,6 +411,7 @@ def _up(nodes: int, folder: Path, cpus: int, gpus: list[str]) -> Cluster:
         _wait_for("every node idle", lambda: _all_idle(cluster), pids, logs, IDLE_TIMEOUT)
     except BaseException:
         down(folder)
+        _release_job_ids(first_job_id, folder)  # also when no daemon had started, and `down` found nothing
         raise
     return cluster
 
@@ -427,6 +472,7 @@ def down(folder: Path = DEFAULT_DIR, grace: float = 10.0) -> bool:
     for leftover in [*(folder / "run").glob("*"), *(folder / "munge").glob("munge.socket*")]:
         leftover.unlink(missing_ok=True)
     _state_file(folder).unlink(missing_ok=True)
+    _release_job_ids(cluster.first_job_id, folder)
     if pids := left():
         raise ClusterError(f"processes of the cluster in {folder} are still running after SIGKILL: {pids}. "
                            "They may belong to another user: stop them as that user, or as root.")

@@ -47,11 +47,20 @@ def _finished(cluster, job: str) -> str:
     return cluster.run("scontrol", "show", "job", job)
 
 
+def _claimed_blocks() -> dict[str, int]:
+    """The job-id blocks claimed on this machine now: {cluster folder: first job id}."""
+    import json
+
+    claims = Path(tempfile.gettempdir()).glob("fourcards-slurm-jobs-*.json")
+    return {json.loads(claim.read_text())["folder"]: int(claim.stem.rsplit("-", 1)[1]) for claim in claims}
+
+
 def _nothing_left(folder: Path, pids: dict[str, int]) -> None:
     assert not any(alive(pid) for pid in pids.values()), pids
     assert marked_processes(MARK_ENV, str(folder)) == []
     assert not (folder / "cluster.json").exists()
     assert list((folder / "run").glob("*")) == [] and list((folder / "munge").glob("munge.socket*")) == []
+    assert str(folder) not in _claimed_blocks()  # its job ids are free for the next cluster
 
 
 def test_up_runs_a_two_node_job_and_down_leaves_nothing(tmp_path):
@@ -192,6 +201,8 @@ def test_an_ordinary_user_runs_the_cluster():
     folder = home / "cluster"
     as_nobody = [*AS_NOBODY, "env", f"HOME={home}", *keep]
     cli = [*as_nobody, python, "-m", "fourcard_helpers.slurm"]
+    roots = practice_cluster(nodes=1, folder=root / "root's")  # another user's cluster, running at the same time
+    roots.__enter__()
     started = subprocess.run([*cli, "up", "--dir", str(folder)], capture_output=True, text=True, cwd=ROOT)
     try:
         assert started.returncode == 0, started.stderr
@@ -203,8 +214,11 @@ def test_an_ordinary_user_runs_the_cluster():
         assert sorted((home / "job" / "out.txt").read_text().splitlines()) == ["n1 nobody", "n2 nobody"]
         owners = {Path(f"/proc/{pid}").stat().st_uid for pid in marked_processes(MARK_ENV, str(folder))}
         assert owners == {65534}  # every daemon runs as the learner
+        claimed = _claimed_blocks()
+        assert claimed[str(folder)] != claimed[str((root / "root's").resolve())]  # the two users' jobs are numbered apart
     finally:
         stopped = subprocess.run([*cli, "down", "--dir", str(folder)], capture_output=True, text=True, cwd=ROOT)
+        roots.__exit__(None, None, None)
     assert stopped.returncode == 0, stopped.stderr
     assert marked_processes(MARK_ENV, str(folder)) == []
     shutil.rmtree(root)
@@ -341,7 +355,7 @@ def test_each_node_gets_its_own_share_of_the_gpus(tmp_path):
     for number in range(4):
         (cards / f"nvidia{number}").symlink_to("/dev/null")
     job = tmp_path / "job.sh"
-    job.write_text("#!/bin/bash\n#SBATCH --nodes=2\nsrun bash -c 'echo $SLURMD_NODENAME $CUDA_VISIBLE_DEVICES'\n")
+    job.write_text("#!/bin/bash\n#SBATCH --nodes=2\nsrun bash -c 'echo $SLURMD_NODENAME $CUDA_VISIBLE_DEVICES $SLURM_STEP_GPUS'\n")
     cluster = up(2, tmp_path / "cluster", gpus=[str(cards / f"nvidia{number}") for number in range(4)])
     try:
         assert cluster.gpus_per_node == 2 and status(cluster.dir) == cluster
@@ -351,7 +365,7 @@ def test_each_node_gets_its_own_share_of_the_gpus(tmp_path):
             cluster.run("sbatch", "--wait", f"--gpus-per-node={per_node}", f"--chdir={tmp_path}",
                         f"--output={tmp_path}/{per_node}.txt", str(job))
             seen[per_node] = sorted((tmp_path / f"{per_node}.txt").read_text().splitlines())
-        assert seen == {2: ["n1 0,1", "n2 2,3"], 1: ["n1 0", "n2 2"]}
+        assert seen == {2: ["n1 0,1 0,1", "n2 2,3 2,3"], 1: ["n1 0 0", "n2 2 2"]}
         with pytest.raises(ClusterError, match="Requested node configuration is not available"):
             cluster.run("sbatch", "--gpus-per-node=3", str(job))  # more than a node's share
     finally:
@@ -364,7 +378,11 @@ def test_two_clusters_at_once_number_their_jobs_apart(tmp_path):
     job = tmp_path / "job.sh"
     job.write_text("#!/bin/bash\necho $SLURM_JOB_ID\n")
     with practice_cluster(nodes=1, folder=tmp_path / "one") as one, practice_cluster(nodes=1, folder=tmp_path / "two") as two:
-        assert {one.first_job_id, two.first_job_id} == {1, 1001}
+        claimed = _claimed_blocks()
+        assert claimed[str(one.dir)] == one.first_job_id and claimed[str(two.dir)] == two.first_job_id
+        assert len(set(claimed.values())) == len(claimed)  # no two running clusters share a block
         ids = [cluster.run("sbatch", "--parsable", "--wait", f"--output={tmp_path}/{cluster.dir.name}.txt", str(job)).strip()
                for cluster in (one, two)]
     assert ids == [str(one.first_job_id), str(two.first_job_id)]
+    _nothing_left(one.dir, one.pids)
+    _nothing_left(two.dir, two.pids)
