@@ -3,16 +3,38 @@ tests marked slow, so that a contributor gets an answer in about a minute; CI ru
 
 Tests marked `background` collect a run that starts as soon as collection ends and goes on beside the
 rest of the suite (the lessons under another rounding, tests/test_other_rounding.py): they are ordered
-last, so that waiting for those runs costs the suite as little time as possible."""
+last, so that waiting for those runs costs the suite as little time as possible.
+
+A lesson that needs SLURM (its notebook's metadata says `"fourcards": {"needs": "slurm"}`) is left out where
+SLURM is not installed, with the sentence that installs it; in CI (CI=true) it runs anyway and fails there,
+since a skip would hide a missing install step."""
 from __future__ import annotations
 
+import json
+import os
+from functools import cache
+from pathlib import Path
+
 import pytest
+
+
+@cache
+def cannot_run_here(notebook: Path) -> str | None:
+    """Why this lesson cannot run on this machine, or None when it can (always None in CI)."""
+    needs = json.loads(Path(notebook).read_text(encoding="utf-8"))["metadata"].get("fourcards", {}).get("needs")
+    if needs != "slurm" or os.environ.get("CI"):
+        return None
+    from fourcard_helpers.slurm import INSTALL_HINT, missing_programs
+
+    return f"{Path(notebook).name} needs SLURM: {INSTALL_HINT}" if missing_programs() else None
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if type(item).__name__ == "IPyNbCell":  # a notebook cell that nbval runs: a whole lesson, top to bottom
             item.add_marker(pytest.mark.slow)
+            if reason := cannot_run_here(item.path):
+                item.add_marker(pytest.mark.skip(reason=reason))
     waiting = [item for item in items if item.get_closest_marker("background")]
     items[:] = [item for item in items if not item.get_closest_marker("background")] + waiting
 

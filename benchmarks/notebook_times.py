@@ -50,9 +50,9 @@ def bare_launch_seconds(folder: Path, times: int = 3) -> float:
 
 
 def main(numbers: list[str]) -> None:
-    notebooks = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    notebooks = sorted((ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
     if numbers:
-        notebooks = [path for path in notebooks if path.name[:2] in numbers]
+        notebooks = [path for path in notebooks if path.name.split("_")[0] in numbers]
     print(f"{os.cpu_count()} cores; one fresh kernel per notebook")
     with tempfile.TemporaryDirectory() as scratch:
         copy = Path(scratch) / "notebooks"

@@ -43,7 +43,7 @@ def build() -> str:
              "`python docs/build_solutions.py`; in a notebook, click a solution cell's margin to read it. "
              "Each solution ends with the same `check.exercise(...)` the learner runs, and "
              "running a notebook top to bottom proves that each solution passes its check.\n"]
-    for path in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+    for path in sorted((ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb")):
         title = source(json.loads(path.read_text(encoding="utf-8"))["cells"][0]).splitlines()[0].lstrip("# ")
         parts.append(f"## {title}\n\n`notebooks/{path.name}`\n")
         parts.extend(exercises(path))

@@ -22,7 +22,7 @@ def test_solutions_page_is_built_from_the_current_notebooks() -> None:
 
 def test_solutions_page_has_every_solution() -> None:
     solutions = sum(
-        1 for path in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")
+        1 for path in (ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb")
         for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]
         if "".join(cell["source"]).startswith("%%solution"))
     page = (ROOT / "docs" / "solutions.md").read_text(encoding="utf-8")

@@ -15,7 +15,12 @@ from pathlib import Path
 
 import pytest
 
-NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
+
+
+def lesson_id(path: Path) -> str:
+    """A lesson's number as its file name gives it: "07", or "12b" for a companion of lesson 12."""
+    return path.name.split("_")[0]
 
 
 def cells(path: Path) -> list[dict]:
@@ -27,14 +32,19 @@ def source(cell: dict) -> str:
 
 
 def test_the_course_has_its_lessons_in_order() -> None:
-    numbers = [int(path.name[:2]) for path in NOTEBOOKS]
-    assert numbers == list(range(len(numbers))) and len(numbers) >= 2
+    """Lessons 00, 01, ... with no gap; a companion lesson (12b) follows the lesson it goes with."""
+    ids = [lesson_id(path) for path in NOTEBOOKS]
+    numbered = [i for i in ids if i.isdigit()]
+    assert numbered == [f"{n:02d}" for n in range(len(numbered))] and len(numbered) >= 2
+    for k, i in enumerate(ids):
+        if not i.isdigit():
+            assert re.fullmatch(r"\d\d[b-z]", i) and ids[k - 1][:2] == i[:2], f"{i}: a companion follows its lesson"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_title_summary_and_exercises(path: Path) -> None:
     markdown = [source(c) for c in cells(path) if c["cell_type"] == "markdown"]
-    assert markdown and re.match(rf"# {path.name[:2]} · ", markdown[0]), "first cell: '# NN · Title'"
+    assert markdown and re.match(rf"# {lesson_id(path)} · ", markdown[0]), "first cell: '# NN · Title'"
     assert "you will be able to" in markdown[0].lower()
     text = "\n".join(markdown)
     assert re.search(r"^## Summary", text, re.M) and re.search(r"^## Exercises", text, re.M)
@@ -95,14 +105,19 @@ def python_of(text: str) -> ast.Module:
 
 
 def launching_functions(path: Path) -> set[str]:
-    """Names of the functions the notebook defines that start ranks (their body calls torchrun)."""
+    """The launching functions (below) that a notebook defines."""
+    return launching_functions_of([source(cell) for cell in cells(path) if cell["cell_type"] == "code"])
+
+
+def launching_functions_of(code: list[str]) -> set[str]:
+    """Names of the functions the notebook defines that start ranks: their body calls torchrun, or submits a
+    job with sbatch."""
     found = set()
-    for cell in cells(path):
-        text = source(cell)
-        if cell["cell_type"] != "code" or text.startswith("%%torchrun"):
+    for text in code:
+        if text.startswith("%%torchrun"):
             continue
         for node in ast.walk(python_of(text)):
-            if isinstance(node, ast.FunctionDef) and "torchrun(" in ast.unparse(node):
+            if isinstance(node, ast.FunctionDef) and ("torchrun(" in ast.unparse(node) or "'sbatch'" in ast.unparse(node)):
                 found.add(node.name)
     return found
 
@@ -142,6 +157,8 @@ def test_real_code_is_told_from_a_formula() -> None:
     assert is_real_code("%%solution\nclass S:\n    pass\n", "", set())
     assert is_real_code("%%solution\nr = torchrun(SCRIPT)\n", "", set())
     assert is_real_code(formula, "check.exercise('x', lambda: train_task(f))", {"train_task"})
+    sbatch = "def submit(run):\n    return sh('sbatch', '--parsable', run)\n"
+    assert launching_functions_of([sbatch]) == {"submit"} and launching_functions_of([formula]) == set()
 
 
 def launches(path: Path) -> list[tuple[str, str]]:
@@ -159,8 +176,8 @@ def launches(path: Path) -> list[tuple[str, str]]:
 def test_every_launch_is_one_short_script_saved_as_the_file_the_course_ships(path: Path) -> None:
     for line, body in launches(path):
         saved = re.search(r"--save\s+(\S+)", line)
-        assert saved, f"{line}: give every launch --save scripts/{path.name[:2]}_what_it_does.py"
-        assert re.fullmatch(rf"scripts/{path.name[:2]}_[a-z0-9_]+\.py", saved.group(1)), saved.group(1)
+        assert saved, f"{line}: give every launch --save scripts/{lesson_id(path)}_what_it_does.py"
+        assert re.fullmatch(rf"scripts/{lesson_id(path)}_[a-z0-9_]+\.py", saved.group(1)), saved.group(1)
         lines = body.rstrip("\n").count("\n") + 1
         assert lines <= MAX_LAUNCH_LINES, f"{saved.group(1)}: {lines} lines; split it into one idea per launch"
         shipped = path.parent / saved.group(1)

@@ -273,7 +273,7 @@ SLOW_DATA = textwrap.dedent('''\
 def _submit(cluster, tmp_path: Path, run: str, epochs: int, data: str, *options: str) -> str:
     """Submit lesson 12's batch file, unchanged, from the notebooks folder: two nodes, one rank each."""
     (tmp_path / "slow_data.py").write_text(SLOW_DATA)
-    env = {**cluster.environment(), "NPROC_PER_NODE": "1", "FOURCARDS_VENV": sys.prefix,
+    env = {**cluster.environment(), "NPROC_PER_NODE": "1", "FOURCARDS_VENV": sys.prefix, "FOURCARD_DEVICE": "cpu",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
     return subprocess.run(
         ["sbatch", "--parsable", *options, "--gpus-per-node=0", "--cpus-per-task=1", f"--output={tmp_path}/{run}.out",

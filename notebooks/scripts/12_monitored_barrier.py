@@ -16,6 +16,10 @@ gloo_group = dist.new_group(backend="gloo")  # monitored_barrier exists in gloo 
 print(f"rank {rank}: reached the barrier" if rank != 3 else "rank 3: stuck (a dead disk, a deadlock, ...)", flush=True)
 if rank == 3:
     time.sleep(60)
-dist.monitored_barrier(group=gloo_group, timeout=timedelta(seconds=5))  # rank 0 waits up to 5 s for the others
+try:
+    dist.monitored_barrier(group=gloo_group, timeout=timedelta(seconds=5))  # rank 0 waits up to 5 s for the others
+except RuntimeError:
+    time.sleep(0 if rank == 0 else 10)  # rank 0's error names the missing rank: let it be the one that ends the job
+    raise
 dist.destroy_process_group()
 sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
