@@ -241,40 +241,10 @@ def test_lesson_12s_batch_file_runs_unchanged_survives_a_killed_rank_and_ends_wi
     assert _same_weights(tmp_path / "uninterrupted", tmp_path / "killed")
 
 
-SLOW_DATA = textwrap.dedent('''\
-    """Lesson 12's data (crash_once.py), each training item fetched 4 ms late: about 1 s an epoch on two ranks,
-    so that training outlives a one-minute limit while every run of it gets past a checkpoint or several. A sleep,
-    not arithmetic: the numbers are those of the fast data."""
-    import time
-
-    from torch.utils.data import Dataset
-
-    from crash_once import build_datasets
-
-
-    class Slow(Dataset):
-        def __init__(self, data):
-            self.data = data
-
-        def __len__(self):
-            return len(self.data)
-
-        def __getitem__(self, index):
-            time.sleep(0.004)
-            return self.data[index]
-
-
-    def build_datasets_slow():
-        train, test = build_datasets()
-        return Slow(train), test
-    ''')
-
-
 def _submit(cluster, tmp_path: Path, run: str, epochs: int, data: str, *options: str) -> str:
-    """Submit lesson 12's batch file, unchanged, from the notebooks folder: two nodes, one rank each."""
-    (tmp_path / "slow_data.py").write_text(SLOW_DATA)
-    env = {**cluster.environment(), "NPROC_PER_NODE": "1", "FOURCARDS_VENV": sys.prefix, "FOURCARD_DEVICE": "cpu",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    """Submit lesson 12's batch file, unchanged, from the notebooks folder: two nodes, one rank each. Slow data is
+    lesson 12b's (notebooks/slow_epochs.py): each item 4 ms late, about 1 s an epoch, the same numbers."""
+    env = {**cluster.environment(), "NPROC_PER_NODE": "1", "FOURCARDS_VENV": sys.prefix, "FOURCARD_DEVICE": "cpu"}
     return subprocess.run(
         ["sbatch", "--parsable", *options, "--gpus-per-node=0", "--cpus-per-task=1", f"--output={tmp_path}/{run}.out",
          "scripts/12_two_nodes.sbatch", "--model", "crash_once:build_model", "--optimizer", "sgd", "--lr", "0.05",
@@ -297,7 +267,7 @@ def test_lesson_12s_batch_file_requeues_itself_on_the_time_limit_warning(tmp_pat
     with practice_cluster(nodes=2, folder=tmp_path / "cluster") as cluster:
         reference = _submit(cluster, tmp_path, "reference", 12, "crash_once:build_datasets")
         assert "JobState=COMPLETED" in _finished(cluster, reference)
-        job = _submit(cluster, tmp_path, "warned", 12, "slow_data:build_datasets_slow")
+        job = _submit(cluster, tmp_path, "warned", 12, "slow_epochs:build_datasets_slow")
         _wait_until(lambda: "epoch 2/12" in (tmp_path / "warned.out").read_text(errors="replace")
                     if (tmp_path / "warned.out").exists() else False, "two epochs done, checkpointed", bound=120)
         cluster.run("scancel", "--batch", "--signal=USR1", job)
@@ -318,7 +288,7 @@ def test_lesson_12s_batch_file_outlives_its_time_limit_by_requeueing_and_ends_wi
     with practice_cluster(nodes=2, folder=tmp_path / "cluster") as cluster:
         reference = _submit(cluster, tmp_path, "no limit", 40, "crash_once:build_datasets")
         assert "JobState=COMPLETED" in _finished(cluster, reference)
-        job = _submit(cluster, tmp_path, "one minute", 40, "slow_data:build_datasets_slow", "--time=1", "--signal=B:USR1@30")
+        job = _submit(cluster, tmp_path, "one minute", 40, "slow_epochs:build_datasets_slow", "--time=1", "--signal=B:USR1@30")
         state = _finished(cluster, job)
     log = (tmp_path / "one minute.out").read_text()
     assert "JobState=COMPLETED" in state and "ExitCode=0:0" in state, (state, log[-3000:])
