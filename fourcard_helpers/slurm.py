@@ -283,8 +283,8 @@ def _write_conf(folder: Path, nodes: list[str], cpus: int, first_job_id: int, gp
         lines.append(f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} CPUs={cpus}{gres} State=UNKNOWN")
     lines.append(f"PartitionName={PARTITION} Nodes={','.join(nodes)} Default=YES MaxTime=INFINITE State=UP")
     (folder / "slurm.conf").write_text("\n".join(lines) + "\n")
-    # gres.conf, beside slurm.conf: which device files are each node's GPUs. SLURM gives a job's tasks
-    # CUDA_VISIBLE_DEVICES from the files' numbers (no cgroups here, so no renumbering): the node's own cards.
+    # gres.conf, beside slurm.conf: which device files are each node's GPUs. SLURM numbers them from 0 on every
+    # node in the tasks' CUDA_VISIBLE_DEVICES; the task prolog turns those numbers into the node's own cards.
     gres = ["AutoDetect=off"] + [f"NodeName={name} Name=gpu File={file}" for name in nodes for file in gpus[name]]
     (folder / "gres.conf").write_text("\n".join(gres) + "\n")
 
