@@ -17,6 +17,14 @@ from pathlib import Path
 
 import pytest
 
+# The Chinese notebooks' cells are the English ones (tests/test_chinese.py checks it, cell by cell):
+# nbval runs each lesson once, in English.
+collect_ignore = ["notebooks/zh"]
+
+# The stored outputs are in English: the launcher's and the doctor's messages must be too, whatever
+# the maintainer's locale (fourcard_helpers/language.py; tests that want Chinese set it themselves).
+os.environ["FOURCARDS_LANG"] = "en"
+
 
 @cache
 def cannot_run_here(notebook: Path) -> str | None:
@@ -57,3 +65,4 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 def pytest_sessionfinish(session: pytest.Session) -> None:
     for module in _background_modules(session):
         module.stop_background()
+

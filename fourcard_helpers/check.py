@@ -23,6 +23,8 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from .language import _
+
 _reference_verdicts: list[str] | None = None  # while a %%solution cell runs: exercise() records its verdict here
 
 
@@ -34,24 +36,29 @@ def _as_tensor(value: Any) -> torch.Tensor:
     return value.detach().cpu() if isinstance(value, torch.Tensor) else torch.as_tensor(value)
 
 
-def close(actual: Any, expected: Any, what: str = "your answer", atol: float = 1e-6, rtol: float = 1e-5) -> None:
+def close(actual: Any, expected: Any, what: str | None = None, atol: float = 1e-6, rtol: float = 1e-5) -> None:
     """Raise CheckFailed unless `actual` matches `expected` (numbers, lists or tensors)."""
+    what = what or _("your answer")
     got, want = _as_tensor(actual).double(), _as_tensor(expected).double()
     if got.shape != want.shape:
-        raise CheckFailed(f"{what}: shape {tuple(got.shape)}, expected {tuple(want.shape)}")
+        raise CheckFailed(_("{what}: shape {got}, expected {want}").format(
+            what=what, got=tuple(got.shape), want=tuple(want.shape)))
     if not torch.allclose(got, want, atol=atol, rtol=rtol):
         gap = (got - want).abs().max().item()
-        raise CheckFailed(f"{what}: differs from the expected value by up to {gap:.3g} (tolerance {atol:g} + {rtol:g}·|x|)")
+        raise CheckFailed(_("{what}: differs from the expected value by up to {gap} (tolerance {atol} + {rtol}·|x|)").format(
+            what=what, gap=f"{gap:.3g}", atol=f"{atol:g}", rtol=f"{rtol:g}"))
 
 
-def equal(actual: Any, expected: Any, what: str = "your answer") -> None:
+def equal(actual: Any, expected: Any, what: str | None = None) -> None:
     """Raise CheckFailed unless `actual == expected` exactly."""
+    what = what or _("your answer")
     if isinstance(actual, torch.Tensor) or isinstance(expected, torch.Tensor):
         same = torch.equal(_as_tensor(actual), _as_tensor(expected))
     else:
         same = actual == expected
     if not same:
-        raise CheckFailed(f"{what}: got {actual!r}, expected {expected!r}")
+        raise CheckFailed(_("{what}: got {actual}, expected {expected}").format(
+            what=what, actual=repr(actual), expected=repr(expected)))
 
 
 def exercise(name: str, test: Callable[[], Any]) -> None:
@@ -62,18 +69,19 @@ def exercise(name: str, test: Callable[[], Any]) -> None:
     """
     if _reference_verdicts is not None:
         test()  # a reference solution that fails its own check is a bug in the lesson: raise
-        _reference_verdicts.append(f"✓ {name}: the reference solution passes this check. Your own answer above "
-                                   "is untouched; click this cell's margin to read the solution.")
+        _reference_verdicts.append("✓ " + _("{name}: the reference solution passes this check. Your own answer "
+                                            "above is untouched; click this cell's margin to read the solution."
+                                            ).format(name=name))
         return
     try:
         test()
     except NotImplementedError:
-        print(f"○ {name}: not attempted yet. Write your answer above and run this cell again.")
+        print("○ " + _("{name}: not attempted yet. Write your answer above and run this cell again.").format(name=name))
         return
     except CheckFailed as failure:
-        print(f"✗ {name}: not yet. {failure}")
+        print("✗ " + _("{name}: not yet. {failure}").format(name=name, failure=failure))
         raise
-    print(f"✓ {name}: correct.")
+    print("✓ " + _("{name}: correct.").format(name=name))
 
 
 @contextmanager

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from .language import _
+
 _KEY = "_fourcard_doctor_key"  # set on samplers and optimizers: id() is reused once an object is freed
 _keys = itertools.count()
 SAMPLES_PER_PARAMETER = 16  # elements compared per parameter: cheap, and enough to see a divergence
@@ -289,31 +291,37 @@ def examine(records: dict[int, dict[str, Any]], nproc: int) -> list[str]:
     if trained and not any(r["used_ddp"] for r in ranks) and silent:
         gap = _largest_weight_gap(ranks, only_ddp=False)
         if gap is not None and gap > WEIGHT_TOLERANCE:
-            joined = "joined a process group but " if all(r["joined_group"] for r in ranks) else ""
-            warnings.append(
-                f"ranks ended with different weights: max |Δ| {gap:.1e} across {nproc} ranks, and they {joined}"
-                f"ran no collective while training. Likely cause: the model was never wrapped in "
-                f"DistributedDataParallel, so each rank trained its own model and no gradient was averaged. "
-                f"Fix: model = DDP(model) after init_process_group (lesson 05).")
+            if all(r["joined_group"] for r in ranks):
+                how = _("ranks ended with different weights: max |Δ| {gap} across {nproc} ranks, and they joined "
+                        "a process group but ran no collective while training.")
+            else:
+                how = _("ranks ended with different weights: max |Δ| {gap} across {nproc} ranks, and they "
+                        "ran no collective while training.")
+            warnings.append(how.format(gap=f"{gap:.1e}", nproc=nproc) + " " + _(
+                "Likely cause: the model was never wrapped in "
+                "DistributedDataParallel, so each rank trained its own model and no gradient was averaged. "
+                "Fix: model = DDP(model) after init_process_group (lesson 05)."))
     elif trained:
         gap = _largest_weight_gap(ranks, only_ddp=True)
         if gap is not None and gap > WEIGHT_TOLERANCE:
-            warnings.append(
-                f"ranks ended with different weights inside DDP: max |Δ| {gap:.1e} across {nproc} ranks. "
-                f"Likely cause: the weights were changed outside DDP's step (edited after wrapping, or an "
-                f"optimizer built from another copy of the model). Fix: build the optimizer from "
-                f"ddp_model.parameters() and change weights only through it (lesson 05).")
+            warnings.append(_(
+                "ranks ended with different weights inside DDP: max |Δ| {gap} across {nproc} ranks. "
+                "Likely cause: the weights were changed outside DDP's step (edited after wrapping, or an "
+                "optimizer built from another copy of the model). Fix: build the optimizer from "
+                "ddp_model.parameters() and change weights only through it (lesson 05).").format(gap=f"{gap:.1e}", nproc=nproc))
     if trained and silent and all(r["joined_group"] for r in ranks) and not warnings:
-        warnings.append(
-            f"the ranks joined a process group but ran no collective during {min(r['steps'] for r in ranks)} "
-            f"optimizer steps: they never talked while training. Likely cause: the model was not wrapped in "
-            f"DDP (or the gradients were not all-reduced). Fix: model = DDP(model) (lesson 05).")
+        warnings.append(_(
+            "the ranks joined a process group but ran no collective during {steps} "
+            "optimizer steps: they never talked while training. Likely cause: the model was not wrapped in "
+            "DDP (or the gradients were not all-reduced). Fix: model = DDP(model) (lesson 05).").format(
+                steps=min(r["steps"] for r in ranks)))
     repeats = [epochs for epochs in ranks[0]["sampler_epochs"] if len(epochs) > 1 and len(set(epochs)) == 1]
     if repeats:
-        warnings.append(
-            f"a shuffling DistributedSampler was iterated {len(repeats[0])} times, every time with epoch "
-            f"{repeats[0][0]}: each epoch visited the data in the same order. Likely cause: "
-            f"sampler.set_epoch(epoch) is missing. Fix: call it at the start of every epoch (lesson 04).")
+        warnings.append(_(
+            "a shuffling DistributedSampler was iterated {times} times, every time with epoch "
+            "{epoch}: each epoch visited the data in the same order. Likely cause: "
+            "sampler.set_epoch(epoch) is missing. Fix: call it at the start of every epoch (lesson 04).").format(
+                times=len(repeats[0]), epoch=repeats[0][0]))
     writers: dict[str, list[int]] = {}
     for rank, record in enumerate(ranks):
         for path in record["saved_paths"]:
@@ -321,22 +329,22 @@ def examine(records: dict[int, dict[str, Any]], nproc: int) -> list[str]:
     shared = {path: who for path, who in writers.items() if len(who) > 1}
     if shared:
         path, who = next(iter(shared.items()))
-        warnings.append(
-            f"ranks {who} all wrote {Path(path).name} with torch.save: racing writers can leave a torn file. "
-            f"Fix: save from rank 0 only (if dist.get_rank() == 0: torch.save(...)), then dist.barrier() "
-            f"before anyone reads it (lesson 05).")
+        warnings.append(_(
+            "ranks {ranks} all wrote {file} with torch.save: racing writers can leave a torn file. "
+            "Fix: save from rank 0 only (if dist.get_rank() == 0: torch.save(...)), then dist.barrier() "
+            "before anyone reads it (lesson 05).").format(ranks=who, file=Path(path).name))
     uncombined = [e for r in ranks for e in r["padded_evaluations"] if r["collectives_at_end"] == e["collectives_before"]]
     if uncombined:
         first = uncombined[0]
-        warnings.append(
-            f"evaluation on a DistributedSampler that pads {first['dataset']} samples with {first['padding']} "
-            f"repeats, and the ranks' results were never combined (no collective after it): each rank's "
-            f"metric covers a quarter of the data, duplicates included. Fix: all-reduce the counts and drop "
-            f"the padded repeats, or evaluate on one rank (lesson 05).")
+        warnings.append(_(
+            "evaluation on a DistributedSampler that pads {samples} samples with {padding} "
+            "repeats, and the ranks' results were never combined (no collective after it): each rank's "
+            "metric covers a quarter of the data, duplicates included. Fix: all-reduce the counts and drop "
+            "the padded repeats, or evaluate on one rank (lesson 05).").format(samples=first["dataset"], padding=first["padding"]))
     batches = [r["first_batches"] for r in ranks]
     if any(r["used_ddp"] for r in ranks) and batches[0] and all(b[:1] == batches[0][:1] for b in batches):
-        warnings.append(
-            f"all {nproc} ranks trained on the same first batch: every rank reads the whole data set in the same "
-            f"order, so four cards do the work of one. Likely cause: the DataLoader has no DistributedSampler. "
-            f"Fix: DataLoader(..., sampler=DistributedSampler(dataset)) (lesson 04).")
+        warnings.append(_(
+            "all {nproc} ranks trained on the same first batch: every rank reads the whole data set in the same "
+            "order, so four cards do the work of one. Likely cause: the DataLoader has no DistributedSampler. "
+            "Fix: DataLoader(..., sampler=DistributedSampler(dataset)) (lesson 04).").format(nproc=nproc))
     return warnings

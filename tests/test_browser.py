@@ -2,8 +2,9 @@
 
 nbval proves the notebooks' outputs; this proves what a learner sees. A JupyterLab server
 (127.0.0.1, a free port, a token) serves a copy of the notebooks; Chromium runs every cell of
-lesson 00 (launches streaming per-rank lines, a staged failure that must not stop "Run All")
-and of lesson 02 (an ipywidgets explorer whose output must follow its slider). Screenshots of a
+lesson 00 (launches streaming per-rank lines, a staged failure that must not stop "Run All"),
+of lesson 02 (an ipywidgets explorer whose output must follow its slider), and of lesson 00 in
+Chinese as a Chinese learner meets it (JupyterLab's interface and the launcher's messages in Chinese). Screenshots of a
 launch cell and of the widget are kept in `tests/artifacts/` (the README shows them).
 
 Chromium comes from the system (Debian's `chromium` package) and Playwright from PyPI: no
@@ -64,13 +65,27 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A JupyterLab server on a copy of the notebooks; yields its base URL with the token."""
-    workdir = tmp_path_factory.mktemp("lab")
-    shutil.copytree(ROOT / "notebooks", workdir / "notebooks")  # the browser may autosave: not ours
+    yield from serve(tmp_path_factory.mktemp("lab"))
+
+
+@pytest.fixture(scope="module")
+def chinese_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The same, with JupyterLab's interface in Chinese (the README's `.[zh]` extra) and the
+    launcher's messages in Chinese (FOURCARDS_LANG=zh, as the instructor guide sets it)."""
+    yield from serve(tmp_path_factory.mktemp("lab_zh"), locale="zh_CN")
+
+
+def serve(workdir: Path, locale: str = "en") -> Iterator[str]:
+    # a copy (the browser may autosave: not ours), with notebooks/zh/'s links kept as links
+    shutil.copytree(ROOT / "notebooks", workdir / "notebooks", symlinks=True)
     settings = workdir / "settings" / "@jupyterlab" / "apputils-extension"
     settings.mkdir(parents=True)
     # no "Jupyter news?" toast over the screenshots, and no request to the internet for it
     (settings / "notification.jupyterlab-settings").write_text(
         json.dumps({"fetchNews": "false", "checkForUpdates": False, "doNotDisturbMode": True}))
+    language = workdir / "settings" / "@jupyterlab" / "translation-extension"
+    language.mkdir(parents=True)
+    (language / "plugin.jupyterlab-settings").write_text(json.dumps({"locale": locale}))
     port, token = _free_port(), secrets.token_hex(16)
     command = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
                f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={workdir / 'notebooks'}",
@@ -79,7 +94,8 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         command.append("--allow-root")  # CI runs as root; jupyter refuses root without it
     log = open(workdir / "lab.log", "wb")  # noqa: SIM115 - closed below
-    env = {**os.environ, "JUPYTERLAB_SETTINGS_DIR": str(workdir / "settings")}
+    env = {**os.environ, "JUPYTERLAB_SETTINGS_DIR": str(workdir / "settings"),
+           "FOURCARDS_LANG": "zh" if locale.startswith("zh") else "en"}
     server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -185,6 +201,26 @@ def test_lesson_00_runs_in_the_browser_with_live_ranks_and_a_readable_failure(br
                   .some(el => el.innerText.includes('[rank3]'))""", timeout=60_000)
     ARTIFACTS.mkdir(exist_ok=True)
     first.screenshot(path=str(ARTIFACTS / "launch_cell.png"))
+    page.close()
+
+
+def test_a_chinese_lesson_runs_in_a_chinese_jupyterlab(browser: Any, chinese_lab: str) -> None:
+    """notebooks/zh/ as a Chinese learner meets it: JupyterLab's menus in Chinese (the language pack),
+    the lesson's text in Chinese, and its cells running from that folder (the scripts they save and
+    the records they read are reached through the folder's links to the English ones)."""
+    page = open_notebook(browser, chinese_lab, "zh/00_cards_and_launching.ipynb")
+    page.wait_for_function("() => document.querySelector('#jp-menu-panel, .lm-MenuBar') "
+                           "&& document.querySelector('.lm-MenuBar').innerText.includes('文件')", timeout=60_000)
+    cells = run_all(page)
+    unexpected = [cell["source"][:80] for cell in cells if errors(cell) and "raises-exception" not in cell["tags"]]
+    assert not unexpected, f"cells errored in the browser: {unexpected}"
+    launches = [cell for cell in cells if cell["source"].startswith("%%torchrun") and not errors(cell)]
+    assert launches and all("[rank3]" in text_of(cell["outputs"]) for cell in launches[:2])
+    staged = [errors(cell)[0]["evalue"] for cell in cells if "raises-exception" in cell["tags"]
+              and cell["source"].startswith("%%torchrun")]
+    assert staged and "（共 4 个）" in staged[0] and "其余 rank 已被停止" in staged[0], staged  # explained in Chinese
+    title = page.evaluate("() => window.jupyterapp.shell.currentWidget.content.model.cells.get(0).sharedModel.getSource()")
+    assert title.startswith("# 00 · ") and "四张卡" in title
     page.close()
 
 

@@ -1,0 +1,383 @@
+"""The Chinese edition (中文版): gettext catalogs of the English text, and what is built from them.
+
+The English notebooks and documents are the source; the Chinese edition is built from them and
+from one catalog per text (the `.po` format translators' tools read: Poedit, Weblate):
+
+* a lesson `notebooks/NN_x.ipynb` has `docs/zh/lessons/NN_x.po`: one entry per markdown cell,
+  keyed by the cell's id (msgctxt), its English source as msgid and the Chinese as msgstr.
+  `notebooks/zh/NN_x.ipynb` is the English notebook with those cells in Chinese: its code cells
+  and stored outputs are the English ones (tests/test_chinese.py checks it), so it needs no nbval
+  run of its own; after an English lesson is re-run, `build` copies its new outputs.
+* `README.md` and `docs/instructor_guide.md` have `docs/zh/README.po` and
+  `docs/zh/instructor_guide.po`, one entry per paragraph (code blocks are copied, not translated):
+  `README.zh.md` and `docs/instructor_guide.zh.md` are built from them, with the same commands.
+
+When an English cell or paragraph changes, `update` keeps its old translation and marks it
+fuzzy (gettext's word for stale), with the old English beside it (#| msgid), so a translator
+sees what changed; until someone translates it again, tests/test_chinese.py fails naming the
+lesson and cell. A fuzzy or untranslated entry is built in English. An entry no longer used is
+kept as obsolete (#~), as msgmerge keeps it, and comes back if its English does.
+
+    python docs/translate.py update   # merge the English into the catalogs, then build
+    python docs/translate.py build    # only build the Chinese edition from the catalogs
+    python docs/translate.py check    # what is stale or untranslated, and what is not built (exit 1)
+
+The launcher's and the doctor's messages have a catalog of their own inside the package
+(fourcard_helpers/locale/, see fourcard_helpers/language.py); `update` refreshes it too.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import difflib
+import json
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import polib
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = ROOT / "notebooks"
+CHINESE_NOTEBOOKS = NOTEBOOKS / "zh"
+CATALOGS = ROOT / "docs" / "zh"
+LESSON_CATALOGS = CATALOGS / "lessons"
+DOCUMENTS = {  # English document → (its catalog, the Chinese document built from it)
+    "README.md": ("docs/zh/README.po", "README.zh.md"),
+    "docs/instructor_guide.md": ("docs/zh/instructor_guide.po", "docs/instructor_guide.zh.md"),
+}
+PACKAGE = ROOT / "fourcard_helpers"
+PACKAGE_CATALOG = PACKAGE / "locale" / "zh_CN" / "LC_MESSAGES" / "fourcard_helpers.po"
+# What the lessons' code reads or writes beside the notebook (scripts it saves and runs, measured
+# records, the capstone's model files): a Chinese notebook finds them through these links, so
+# that its code cells are the English ones, character for character.
+SHARED_WITH_ENGLISH = ("scripts", "measured", "crash_once.py", "mnist_recipe.py", "my_model.py", "slow_epochs.py")
+HEADER = {
+    "Project-Id-Version": "Four Cards",
+    "Language": "zh_CN",
+    "MIME-Version": "1.0",
+    "Content-Type": "text/plain; charset=UTF-8",
+    "Content-Transfer-Encoding": "8bit",
+    "Plural-Forms": "nplurals=1; plural=0;",
+}
+
+
+def lessons() -> list[Path]:
+    """The English lessons, in course order."""
+    return sorted(NOTEBOOKS.glob("[0-9][0-9]*_*.ipynb"))
+
+
+def lesson_catalog(lesson: Path) -> Path:
+    """Where the lesson's catalog lives: one per lesson, named as the notebook."""
+    return LESSON_CATALOGS / f"{lesson.stem}.po"
+
+
+def markdown_cells(notebook: dict) -> list[tuple[int, str, str]]:
+    """(index, id, source) of each markdown cell with text."""
+    return [(index, cell["id"], "".join(cell["source"])) for index, cell in enumerate(notebook["cells"])
+            if cell["cell_type"] == "markdown" and "".join(cell["source"]).strip()]
+
+
+def read_notebook(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def notebook_text(notebook: dict) -> str:
+    """A notebook as nbformat writes it (so a built notebook diffs like a hand-saved one)."""
+    return json.dumps(notebook, indent=1, ensure_ascii=False, sort_keys=True) + "\n"
+
+
+# -- catalogs --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Message:
+    """One piece of English to translate: its key (a cell id; None for a paragraph or a package
+    message, which are known by their text), its text and where it is (the file, and the cell or
+    paragraph number: the catalog entry's location, `#: file:number`, and the name in errors)."""
+
+    context: str | None
+    text: str
+    source: str
+    unit: str = ""  # "cell" or "paragraph"; empty for a package message
+    number: int = 0
+
+    @property
+    def where(self) -> str:
+        return f"{self.source} {self.unit} {self.number}" if self.unit else self.source
+
+
+def _new_catalog() -> polib.POFile:
+    catalog = polib.POFile(wrapwidth=0)  # msgids are whole cells: wrapping would only add noise to diffs
+    catalog.metadata = dict(HEADER)
+    return catalog
+
+
+def _load(path: Path) -> polib.POFile:
+    """The catalog at `path`, or an empty one where there is none yet."""
+    return polib.pofile(str(path), wrapwidth=0) if path.exists() else _new_catalog()
+
+
+def merge(old: polib.POFile, messages: list[Message]) -> polib.POFile:
+    """gettext's msgmerge for this course: the catalog for `messages`, keeping what `old` knew.
+
+    An entry whose key (cell id) is kept but whose English changed keeps its translation, marked
+    fuzzy, with the English the translation was made from as previous_msgid (msgmerge --previous:
+    through several edits, the first). Paragraphs have no key: a changed one is paired with the
+    most similar old paragraph at its place among the unchanged ones, or is new. Entries no longer
+    used are kept as obsolete, and found again by their English.
+    """
+    current = {m.context for m in messages if m.context}
+    by_context = {entry.msgctxt: entry for entry in old if entry.msgctxt and not entry.obsolete}
+    by_text = {entry.msgid: entry for entry in old  # paragraphs, obsolete entries, cells re-created with a new id
+               if entry.obsolete or not entry.msgctxt or entry.msgctxt not in current}
+    replaced = _paired_paragraphs([entry for entry in old if not entry.msgctxt and not entry.obsolete],
+                                  [m.text for m in messages if m.context is None])
+    catalog = _new_catalog()
+    catalog.metadata = dict(old.metadata) if old.metadata else dict(HEADER)
+    seen: set[tuple[str | None, str]] = set()
+    used: set[int] = set()
+    for message in messages:
+        if (message.context, message.text) in seen:
+            continue
+        seen.add((message.context, message.text))
+        before = by_context.get(message.context) if message.context else None
+        if before is None:
+            before = by_text.get(message.text)
+        if before is None and message.context is None:
+            before = replaced.get(message.text)
+        entry = polib.POEntry(msgctxt=message.context, msgid=message.text,
+                              occurrences=[(message.source, str(message.number) if message.unit else "")])
+        if before is not None:
+            used.add(id(before))
+            entry.msgstr, entry.tcomment = before.msgstr, before.tcomment
+            entry.flags = [flag for flag in before.flags if flag != "fuzzy"]
+            made_from = before.previous_msgid if before.fuzzy and before.previous_msgid else before.msgid
+            if before.msgstr and message.text != made_from:
+                entry.flags.append("fuzzy")
+                entry.previous_msgid = made_from
+            elif before.fuzzy and not before.previous_msgid:  # marked stale by a translator: theirs to clear
+                entry.flags.append("fuzzy")
+        catalog.append(entry)
+    for entry in old:
+        if id(entry) not in used and entry.msgstr and (entry.msgctxt, entry.msgid) not in seen:
+            entry.obsolete, entry.occurrences = True, []
+            catalog.append(entry)
+    return catalog
+
+
+def _paired_paragraphs(old: list[polib.POEntry], texts: list[str]) -> dict[str, polib.POEntry]:
+    """New paragraph text → the old entry it most likely replaced: within each run of paragraphs
+    that difflib finds changed between two unchanged ones, the most similar (at least 60% alike)."""
+    pairs: dict[str, polib.POEntry] = {}
+    matcher = difflib.SequenceMatcher(None, [entry.msgid for entry in old], texts, autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag != "replace":
+            continue
+        free = list(old[i1:i2])
+        for text in texts[j1:j2]:
+            scored = [(difflib.SequenceMatcher(None, entry.msgid, text).ratio(), n) for n, entry in enumerate(free)]
+            if scored and max(scored)[0] >= 0.6:
+                pairs[text] = free.pop(max(scored)[1])
+    return pairs
+
+
+def lesson_messages(lesson: Path) -> list[Message]:
+    """What a lesson has to translate: its markdown cells, keyed by cell id."""
+    return [Message(cell_id, text, lesson.name, "cell", index)
+            for index, cell_id, text in markdown_cells(read_notebook(lesson))]
+
+
+def document_blocks(text: str) -> list[tuple[bool, str]]:
+    """A markdown document as (translatable?, block) pairs: paragraphs, lists, tables and headings
+    are translated; fenced code blocks are kept as they are."""
+    blocks: list[tuple[bool, str]] = []
+    lines, current, fence = text.splitlines(), [], None
+    for line in lines:
+        if fence is None and re.match(r"\s*(```|~~~)", line):
+            if current:
+                blocks.append((True, "\n".join(current)))
+            current, fence = [line], re.match(r"\s*(```|~~~)", line).group(1)
+        elif fence is not None:
+            current.append(line)
+            if line.strip().startswith(fence):
+                blocks.append((False, "\n".join(current)))
+                current, fence = [], None
+        elif not line.strip():
+            if current:
+                blocks.append((True, "\n".join(current)))
+            current = []
+        else:
+            current.append(line)
+    if current:
+        blocks.append((fence is None, "\n".join(current)))
+    return blocks
+
+
+def document_messages(name: str) -> list[Message]:
+    """What a document has to translate: its paragraphs, lists, tables and headings, in order."""
+    text = (ROOT / name).read_text(encoding="utf-8")
+    return [Message(None, block, name, "paragraph", number)
+            for number, (translate, block) in enumerate(document_blocks(text), start=1) if translate]
+
+
+def package_messages() -> list[Message]:
+    """Every message the package marks for translation: the string literals in _() and N_() calls
+    (a message is one literal, formatted after translation, so that the catalog can hold it)."""
+    messages = []
+    for path in sorted(PACKAGE.glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("_", "N_")
+                    and node.args):
+                text = _literal(node.args[0])
+                if text is not None:
+                    messages.append(Message(None, text, f"fourcard_helpers/{path.name}"))
+                elif not isinstance(node.args[0], (ast.Name, ast.Subscript, ast.Attribute)):
+                    raise SystemExit(f"fourcard_helpers/{path.name}:{node.lineno}: {node.func.id}() needs one string "
+                                     "literal, formatted after translation with .format(...): a message built "
+                                     "before it (an f-string, %, a call) cannot be in the catalog")
+                # a name or subscript: _(CARDS_FIX), a constant whose text N_() marked where it is defined
+    return messages
+
+
+def _literal(node: ast.expr) -> str | None:
+    """The text of a string literal, or of literals joined with + (None for anything else)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):  # "..." + "..." across lines
+        left, right = _literal(node.left), _literal(node.right)
+        return left + right if left is not None and right is not None else None
+    return None
+
+
+def catalogs() -> list[tuple[Path, list[Message]]]:
+    """Every catalog of the Chinese edition, with the English it must hold now."""
+    found = [(lesson_catalog(lesson), lesson_messages(lesson)) for lesson in lessons()]
+    found += [(ROOT / catalog, document_messages(name)) for name, (catalog, _) in DOCUMENTS.items()]
+    found.append((PACKAGE_CATALOG, package_messages()))
+    return found
+
+
+def translated(catalog: polib.POFile) -> dict[tuple[str | None, str], str]:
+    """(key, English) → Chinese, for the entries that are translated and not stale."""
+    return {(entry.msgctxt, entry.msgid): entry.msgstr for entry in catalog
+            if entry.msgstr and not entry.fuzzy and not entry.obsolete}
+
+
+def problems(these: list[tuple[Path, list[Message]]] | None = None) -> list[str]:
+    """Every English text whose Chinese is missing or stale, by lesson (or document) and cell
+    (in `these` catalogs with their English; by default all of them)."""
+    found = []
+    for path, messages in catalogs() if these is None else these:
+        done = translated(_load(path))
+        stale = {(e.msgctxt, e.msgid) for e in merge(_load(path), messages) if e.fuzzy}
+        for message in messages:
+            key = (message.context, message.text)
+            if key in done:
+                continue
+            what = "stale (its English changed since it was translated)" if key in stale else "not translated"
+            first_line = message.text.strip().splitlines()[0][:70]
+            found.append(f"{path.name}: {message.where}: {what}: {first_line!r}")
+    return found
+
+
+# -- what is built -----------------------------------------------------------------------------
+def built_lesson(lesson: Path) -> str:
+    """The Chinese notebook for `lesson`: its markdown cells from the catalog, the rest as it is."""
+    notebook = read_notebook(lesson)
+    chinese = translated(_load(lesson_catalog(lesson)))
+    for cell in notebook["cells"]:
+        if cell["cell_type"] == "markdown":
+            text = chinese.get((cell["id"], "".join(cell["source"])))
+            if text is not None:
+                cell["source"] = text.splitlines(True)
+    notebook["metadata"]["language"] = "zh-CN"  # read by tests; the lesson's other metadata is kept
+    return notebook_text(notebook)
+
+
+def built_document(name: str) -> str:
+    """The Chinese document for `name`: its paragraphs from the catalog, its code blocks as they are."""
+    catalog_path, _ = DOCUMENTS[name]
+    chinese = translated(_load(ROOT / catalog_path))
+    text = (ROOT / name).read_text(encoding="utf-8")
+    blocks = [chinese.get((None, block), block) if translate else block for translate, block in document_blocks(text)]
+    return "\n\n".join(blocks) + "\n"
+
+
+def build() -> None:
+    """Write every Chinese notebook and document, the links the notebooks need, and the package's .mo.
+
+    It overwrites the Chinese lessons (a learner's edits in notebooks/zh/ are lost) and deletes
+    nothing: the Chinese notebook of a lesson renamed or removed is deleted by hand, with its catalog."""
+    CHINESE_NOTEBOOKS.mkdir(exist_ok=True)
+    for name in SHARED_WITH_ENGLISH:
+        link = CHINESE_NOTEBOOKS / name
+        if not link.is_symlink():
+            link.symlink_to(Path("..") / name)
+    for lesson in lessons():
+        _write(CHINESE_NOTEBOOKS / lesson.name, built_lesson(lesson))
+    for name, (_, chinese) in DOCUMENTS.items():
+        _write(ROOT / chinese, built_document(name))
+    if PACKAGE_CATALOG.exists() and not compiled_is_current():
+        _load(PACKAGE_CATALOG).save_as_mofile(str(PACKAGE_CATALOG.with_suffix(".mo")))
+
+
+def _write(path: Path, text: str) -> None:
+    """Write `text` only where it differs, so that an unchanged file keeps its time stamp."""
+    if not path.exists() or path.read_text(encoding="utf-8") != text:
+        path.write_text(text, encoding="utf-8")
+
+
+def not_built() -> list[str]:
+    """The Chinese files that differ from what `build` writes now."""
+    found = []
+    for lesson in lessons():
+        path = CHINESE_NOTEBOOKS / lesson.name
+        if not path.exists() or path.read_text(encoding="utf-8") != built_lesson(lesson):
+            found.append(str(path.relative_to(ROOT)))
+    for name, (_, chinese) in DOCUMENTS.items():
+        if not (ROOT / chinese).exists() or (ROOT / chinese).read_text(encoding="utf-8") != built_document(name):
+            found.append(chinese)
+    if PACKAGE_CATALOG.exists() and not compiled_is_current():
+        found.append(str(PACKAGE_CATALOG.with_suffix(".mo").relative_to(ROOT)))
+    return found
+
+
+def compiled_is_current() -> bool:
+    """Whether the package's .mo, which gettext reads, holds exactly the .po's current translations.
+    Compared as gettext reads it, not byte for byte: Poedit's msgfmt and polib lay it out differently."""
+    compiled = PACKAGE_CATALOG.with_suffix(".mo")
+    if not compiled.exists():
+        return False
+    holds = {entry.msgid: entry.msgstr for entry in polib.mofile(str(compiled)) if entry.msgid}  # "": the header
+    return holds == {msgid: msgstr for (_, msgid), msgstr in translated(_load(PACKAGE_CATALOG)).items()}
+
+
+def update() -> None:
+    """Merge the English into every catalog (new entries empty, changed ones fuzzy), then build."""
+    for path, messages in catalogs():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        merged = merge(_load(path), messages)
+        if not path.exists() or str(merged) != str(_load(path)):
+            merged.save(str(path))
+    build()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=("update", "build", "check"))
+    command = parser.parse_args().command
+    if command == "update":
+        update()
+    elif command == "build":
+        build()
+    found = problems() + [f"{path}: differs from what `python docs/translate.py build` writes" for path in not_built()]
+    for line in found:
+        print(line)
+    print(f"{len(found)} to do" if found else "the Chinese edition is complete and built")
+    if command == "check" and found:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+../slow_epochs.py

@@ -1,0 +1,400 @@
+"""The Chinese edition (docs/translate.py) is complete, built, and in step with the English.
+
+A changed English cell makes its lesson's test fail here (stale), until the cell is translated
+again; a Chinese notebook whose code or outputs differ from the English fails; so does a
+translation that lost a number, a piece of code or a glossary term on the way.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from collections import Counter
+from pathlib import Path
+
+import polib
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "docs"))
+
+import translate  # noqa: E402  (docs/translate.py: the one definition of what is built)
+
+LESSONS = translate.lessons()
+SEED_ARTICLE = ROOT / "docs" / "zh" / "seed_article.txt"  # the Chinese article the course grew from
+
+
+def lesson_ids(paths: list[Path]) -> list[str]:
+    return [path.stem for path in paths]
+
+
+# -- complete and built ------------------------------------------------------------------------
+@pytest.mark.parametrize("lesson", LESSONS, ids=lesson_ids(LESSONS))
+def test_every_cell_of_the_lesson_is_translated_and_current(lesson: Path) -> None:
+    found = translate.problems([(translate.lesson_catalog(lesson), translate.lesson_messages(lesson))])
+    assert not found, ("the Chinese edition lags the English; translate these cells in the catalog "
+                       "(after `python docs/translate.py update`):\n" + "\n".join(found))
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=lesson_ids(LESSONS))
+def test_the_chinese_notebook_is_what_the_catalog_builds(lesson: Path) -> None:
+    built = translate.CHINESE_NOTEBOOKS / lesson.name
+    assert built.exists(), f"{built.relative_to(ROOT)} is missing: run `python docs/translate.py build`"
+    assert built.read_text(encoding="utf-8") == translate.built_lesson(lesson), (
+        f"{built.relative_to(ROOT)} differs from what its catalog builds now: run `python docs/translate.py build`")
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=lesson_ids(LESSONS))
+def test_code_and_outputs_are_the_english_ones(lesson: Path) -> None:
+    english = json.loads(lesson.read_text(encoding="utf-8"))
+    chinese = json.loads((translate.CHINESE_NOTEBOOKS / lesson.name).read_text(encoding="utf-8"))
+    assert len(chinese["cells"]) == len(english["cells"])
+    for index, (en, zh) in enumerate(zip(english["cells"], chinese["cells"])):
+        assert en["cell_type"] == zh["cell_type"] and en["id"] == zh["id"], f"cell {index}"
+        if en["cell_type"] == "markdown":
+            assert set(en) == set(zh) and en["metadata"] == zh["metadata"], f"cell {index}"
+        else:
+            assert zh == en, f"{lesson.name} cell {index}: the Chinese code cell differs from the English"
+    assert chinese["metadata"] == {**english["metadata"], "language": "zh-CN"}
+
+
+def test_the_chinese_notebooks_run_from_their_folder() -> None:
+    """What the code cells open beside the notebook (scripts, records, model files) is reached
+    from notebooks/zh/ through links to the English folder's files: one copy of each."""
+    for name in translate.SHARED_WITH_ENGLISH:
+        link = translate.CHINESE_NOTEBOOKS / name
+        assert link.is_symlink() and link.resolve() == (translate.NOTEBOOKS / name).resolve(), name
+    mentioned = set()
+    for lesson in LESSONS:
+        for cell in json.loads(lesson.read_text(encoding="utf-8"))["cells"]:
+            if cell["cell_type"] == "code":
+                mentioned |= set(re.findall(r"(?:scripts|measured)/[\w.-]+\.\w+|\b[\w-]+\.py\b", "".join(cell["source"])))
+    shipped = {name for name in mentioned if (translate.NOTEBOOKS / name).exists()}
+    assert len(shipped) > 20, shipped  # the scripts the lessons save and the records they read
+    assert all((translate.CHINESE_NOTEBOOKS / name).exists() for name in shipped), sorted(
+        name for name in shipped if not (translate.CHINESE_NOTEBOOKS / name).exists())
+
+
+@pytest.mark.slow  # a second pytest collects every notebook: 14 s
+def test_nbval_does_not_run_the_chinese_notebooks_again() -> None:
+    """Their cells are the English ones (checked above): a second run would only double CI's time."""
+    collected = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "notebooks"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert collected.returncode == 0, collected.stdout + collected.stderr
+    assert "00_cards_and_launching.ipynb::" in collected.stdout
+    assert "notebooks/zh/" not in collected.stdout
+
+
+# -- the translation keeps what must not change ------------------------------------------------
+def prose(markdown: str) -> str:
+    """Markdown without code (fenced or inline), LaTeX, URLs and HTML tags."""
+    text = re.sub(r"(```|~~~).*?\1", " ", markdown, flags=re.S)
+    text = re.sub(r"`[^`]*`", " ", text)
+    text = re.sub(r"\$\$.*?\$\$|\$[^$\n]+\$", " ", text, flags=re.S)
+    text = re.sub(r"https?://\S+|<[^>]+>", " ", text)
+    return text
+
+
+def numbers(markdown: str) -> Counter[str]:
+    """Each number in the prose, as often as it is written (1,000 and 1000 alike)."""
+    found = re.findall(r"(?<![\d.,])\d+(?:[.,]\d+)*(?!\d)", prose(markdown))
+    return Counter(re.sub(r"(?<=\d),(?=\d{3})", "", number) for number in found)
+
+
+def kept_pieces(markdown: str) -> list[str]:
+    """What a translation copies as it is: inline code, fenced blocks, LaTeX, links' targets."""
+    pieces = re.findall(r"(?:```|~~~).*?(?:```|~~~)", markdown, flags=re.S)
+    rest = re.sub(r"(?:```|~~~).*?(?:```|~~~)", " ", markdown, flags=re.S)
+    inline = r"`(?:[^`\n]|\n(?!\n))+`"  # a code span may wrap onto the next line
+    pieces += re.findall(inline, rest)
+    pieces += re.findall(r"\$\$.*?\$\$|\$[^$\n]+\$", re.sub(inline, " ", rest), flags=re.S)
+    pieces += [target for target in re.findall(r"\]\(([^)]+)\)", rest) if not target.endswith(".md")]  # X.md may become X.zh.md
+    return [re.sub(r"\s+", " ", piece) for piece in pieces]  # wrapped differently is kept all the same
+
+
+def headings(markdown: str) -> list[int]:
+    text = re.sub(r"(```|~~~).*?\1", " ", markdown, flags=re.S)
+    return [len(found) for found in re.findall(r"^(#+) ", text, flags=re.M)]
+
+
+def translated_pairs(catalog: Path) -> list[tuple[str, str, str]]:
+    return [(" ".join(entry.occurrences[0]) if entry.occurrences else "", entry.msgid, entry.msgstr)
+            for entry in polib.pofile(str(catalog)) if entry.msgstr and not entry.obsolete]
+
+
+ALL_CATALOGS = [translate.lesson_catalog(lesson) for lesson in LESSONS] + [
+    ROOT / catalog for catalog, _ in translate.DOCUMENTS.values()]
+
+
+@pytest.mark.parametrize("catalog", ALL_CATALOGS, ids=lesson_ids(ALL_CATALOGS))
+def test_the_translation_keeps_code_numbers_and_headings(catalog: Path) -> None:
+    wrong = []
+    for where, english, chinese in translated_pairs(catalog):
+        lost = [piece for piece in kept_pieces(english) if piece not in re.sub(r"\s+", " ", chinese)]
+        if lost:
+            wrong.append(f"{where}: lost {lost[:3]}")
+        missing = sorted((numbers(english) - numbers(chinese)).elements())  # each as often as in the English
+        if missing:
+            wrong.append(f"{where}: the number(s) {missing} are not in the Chinese (as often)")
+        if headings(english) != headings(chinese):
+            wrong.append(f"{where}: headings {headings(english)} became {headings(chinese)}")
+        if english.count("\n|") != chinese.count("\n|"):
+            wrong.append(f"{where}: a table lost or gained rows")
+    assert not wrong, "\n".join(wrong)
+
+
+def glossary() -> list[tuple[list[str], str, list[str]]]:
+    """(English forms, Chinese term, Chinese forms not to use), from docs/zh/glossary.md."""
+    rows = []
+    for line in (ROOT / "docs" / "zh" / "glossary.md").read_text(encoding="utf-8").splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if line.startswith("|") and len(cells) == 3 and cells[0] not in ("English", "---"):
+            avoid = [word.strip() for word in re.split(r"[、,]", cells[2]) if word.strip()]
+            rows.append(([form.strip() for form in cells[0].split("/")], cells[1], avoid))
+    return rows
+
+
+def test_the_glossary_is_read() -> None:
+    terms = {chinese for _, chinese, _ in glossary()}
+    assert {"数据并行", "模型并行", "流水线并行", "张量并行", "全归约", "梯度累积", "混合精度", "激活重计算"} <= terms
+
+
+@pytest.mark.parametrize("catalog", ALL_CATALOGS, ids=lesson_ids(ALL_CATALOGS))
+def test_glossary_terms_are_used_throughout(catalog: Path) -> None:
+    terms = sorted(glossary(), key=lambda row: -max(len(form) for form in row[0]))  # longest first
+    wrong = []
+    for where, english, chinese in translated_pairs(catalog):
+        text, chinese_prose = re.sub(r"\s+", " ", prose(english)), prose(chinese)  # a term may wrap across lines
+        for forms, term, avoid in terms:
+            pattern = r"\b(?:" + "|".join(re.escape(form).replace(r"\-", "[- ]?") for form in forms) + r")(?:s|es|ed|ing)?\b"
+            if re.search(pattern, text, flags=re.I):
+                text = re.sub(pattern, " ", text, flags=re.I)  # a longer term took it: 'activation checkpointing'
+                if term not in chinese:
+                    wrong.append(f"{where}: '{forms[0]}' is translated without '{term}'")
+            wrong += [f"{where}: '{word}' is used; the glossary's term is '{term}'" for word in avoid if word in chinese_prose]
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("catalog", ALL_CATALOGS, ids=lesson_ids(ALL_CATALOGS))
+def test_quotes_of_the_seed_article_are_its_own_words(catalog: Path) -> None:
+    """The English quotes the seed article in translation; the Chinese edition quotes the
+    original (in 「」, the mark it keeps for these quotes), copied exactly."""
+    seed = re.sub(r"\s+", "", SEED_ARTICLE.read_text(encoding="utf-8"))
+    wrong = [f"{where}: 「{quote}」 is not in the seed article"
+             for where, _, chinese in translated_pairs(catalog)
+             for quote in re.findall(r"「([^」]+)」", chinese) if re.sub(r"\s+", "", quote) not in seed]
+    assert not wrong, "\n".join(wrong)
+
+
+# -- documents ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", sorted(translate.DOCUMENTS))
+def test_each_document_is_translated_current_and_built(name: str) -> None:
+    catalog, chinese = translate.DOCUMENTS[name]
+    found = translate.problems([(ROOT / catalog, translate.document_messages(name))])
+    assert not found, "\n".join(found)
+    assert (ROOT / chinese).read_text(encoding="utf-8") == translate.built_document(name), (
+        f"{chinese} differs from what its catalog builds: run `python docs/translate.py build`")
+
+
+def test_the_chinese_readme_gives_the_two_commands_and_the_chinese_interface() -> None:
+    chinese = (ROOT / "README.zh.md").read_text(encoding="utf-8")
+    assert ".venv/bin/pip install -e . && .venv/bin/jupyter lab notebooks/" in chinese  # opens the course
+    assert '.venv/bin/pip install -e ".[dev]" && .venv/bin/python -m pytest' in chinese  # runs every test
+    assert '.venv/bin/pip install -e ".[zh]"' in chinese
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
+    assert any(need.startswith("jupyterlab-language-pack-zh-cn") for need in extras["zh"])
+
+
+# -- staleness is caught -----------------------------------------------------------------------
+def test_a_changed_english_cell_makes_its_translation_stale(tmp_path: Path) -> None:
+    """The mechanism the tests above rely on, end to end on a copy of a real lesson."""
+    lesson = LESSONS[0]
+    english, catalog = tmp_path / lesson.name, tmp_path / f"{lesson.stem}.po"
+    shutil.copy(lesson, english)
+    translated = polib.pofile(str(translate.lesson_catalog(lesson)))
+    for entry in translated:  # as if every cell were translated, whatever the state of the real catalog
+        entry.msgstr, entry.flags = entry.msgstr or "译文", [flag for flag in entry.flags if flag != "fuzzy"]
+    translated.save(str(catalog))
+    assert translate.problems([(catalog, translate.lesson_messages(english))]) == []
+
+    notebook = json.loads(english.read_text(encoding="utf-8"))
+    index, cell_id, text = translate.markdown_cells(notebook)[1]
+    notebook["cells"][index]["source"] = text.replace(" ", "  ", 1)  # the smallest edit
+    english.write_text(json.dumps(notebook), encoding="utf-8")
+    found = translate.problems([(catalog, translate.lesson_messages(english))])
+    assert len(found) == 1 and f"cell {index}" in found[0] and "stale" in found[0] and lesson.stem in found[0]
+
+    merged = translate.merge(polib.pofile(str(catalog)), translate.lesson_messages(english))
+    entry = next(entry for entry in merged if entry.msgctxt == cell_id)
+    assert entry.fuzzy and entry.previous_msgid == text and entry.msgstr  # the old Chinese kept for the translator
+    assert (cell_id, entry.msgid) not in translate.translated(merged)  # and built in English until redone
+
+
+def paragraphs(*texts: str) -> list[translate.Message]:
+    return [translate.Message(None, text, "doc.md", "paragraph", number) for number, text in enumerate(texts, 1)]
+
+
+def catalog_of(*pairs: tuple[str, str]) -> polib.POFile:
+    catalog = polib.POFile()
+    for english, chinese in pairs:
+        catalog.append(polib.POEntry(msgid=english, msgstr=chinese))
+    return catalog
+
+
+SENTENCES = (("The first paragraph of the page.", "第一段。"), ("The second paragraph of the page.", "第二段。"),
+             ("A third, about something else entirely.", "第三段。"))
+
+
+def test_a_changed_paragraph_keeps_its_old_translation_and_a_new_one_takes_none() -> None:
+    one, two, three = (english for english, _ in SENTENCES)
+    merged = {entry.msgid: entry for entry in translate.merge(
+        catalog_of(*SENTENCES), paragraphs(one, "A paragraph never seen.", two + " Now longer.", three))}
+    assert merged[two + " Now longer."].fuzzy and merged[two + " Now longer."].msgstr == "第二段。"
+    assert merged[two + " Now longer."].previous_msgid == two
+    assert merged["A paragraph never seen."].msgstr == ""  # not handed a neighbour's translation
+    assert not merged[one].fuzzy and merged[three].msgstr == "第三段。"
+
+
+def test_a_removed_text_is_kept_obsolete_and_comes_back_translated() -> None:
+    one, two, three = (english for english, _ in SENTENCES)
+    without = translate.merge(catalog_of(*SENTENCES), paragraphs(one, three))
+    assert [entry.msgid for entry in without if entry.obsolete] == [two]
+    again = {entry.msgid: entry for entry in translate.merge(without, paragraphs(one, two, three))}
+    assert again[two].msgstr == "第二段。" and not again[two].fuzzy and not again[two].obsolete
+
+
+def test_stale_through_two_edits_shows_the_english_it_was_translated_from() -> None:
+    cell = [translate.Message("c1", text, "lesson.ipynb", "cell", 3) for text in ("E1.", "E2.", "E3.")]
+    old = polib.POFile()
+    old.append(polib.POEntry(msgctxt="c1", msgid="E1.", msgstr="中一。"))
+    twice = translate.merge(translate.merge(old, [cell[1]]), [cell[2]])
+    assert twice[0].fuzzy and twice[0].previous_msgid == "E1." and twice[0].msgstr == "中一。"
+    back = translate.merge(twice, [cell[0]])  # the English went back to what was translated
+    assert not back[0].fuzzy and back[0].msgstr == "中一。"
+
+
+# -- the package's messages ------------------------------------------------------------------
+def test_every_message_of_the_package_is_translated_with_its_placeholders() -> None:
+    found = translate.problems([(translate.PACKAGE_CATALOG, translate.package_messages())])
+    assert not found, "\n".join(found)
+    for entry in polib.pofile(str(translate.PACKAGE_CATALOG)):
+        assert sorted(re.findall(r"\{\w*\}", entry.msgstr)) == sorted(re.findall(r"\{\w*\}", entry.msgid)), entry.msgid
+    assert len(translate.package_messages()) >= 30  # the launcher's explanations and the doctor's warnings
+    assert translate.compiled_is_current(), (
+        "the compiled catalog (.mo) does not hold the .po's current translations: run `python docs/translate.py build`")
+
+
+def a_rank_that_aborted_at_exit(tmp_path: Path) -> str:
+    from fourcard_helpers.diagnose import Ending, diagnose
+    from fourcard_helpers.rundir import DONE, EXIT, RunDir
+
+    tmp_path.mkdir()
+    run = RunDir(tmp_path)
+    for rank in range(4):
+        run.write(DONE, rank, "")
+    run.write_json(EXIT, 2, {"exitcode": -6, "signal": "SIGABRT"})
+    return str(diagnose(run, 4, "[rank2] epoch 1: loss 0.31\n", Ending(returncode=1)))
+
+
+def test_the_launchers_explanation_is_in_chinese_when_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    english = a_rank_that_aborted_at_exit(tmp_path / "en")
+    assert english.startswith("rank 2 of 4 finished its script, then died while exiting, by SIGABRT.")
+    monkeypatch.setenv("FOURCARDS_LANG", "zh")
+    chinese = a_rank_that_aborted_at_exit(tmp_path / "zh")
+    assert chinese.startswith("rank 2（共 4 个）跑完了脚本，却在退出时被 SIGABRT 终止。")
+    assert "gloo 的退出竞争" in chinese and "os._exit(0)" in chinese
+    assert chinese.endswith("它最后的输出：\n[rank2] epoch 1: loss 0.31\n")
+
+
+@pytest.mark.parametrize("setting, chinese", [
+    ({"FOURCARDS_LANG": "zh"}, True), ({"FOURCARDS_LANG": "zh-CN"}, True),
+    ({"FOURCARDS_LANG": "", "LANG": "zh_CN.UTF-8"}, True),  # the locale decides when the setting is empty
+    ({"FOURCARDS_LANG": "", "LANGUAGE": "zh_CN:en", "LANG": "en_US.UTF-8"}, True),
+    ({"FOURCARDS_LANG": "", "LANG": "fr_FR.UTF-8"}, False),  # no catalog: English
+    ({"FOURCARDS_LANG": "en", "LANG": "zh_CN.UTF-8"}, False),  # the setting wins over the locale
+])
+def test_the_language_follows_the_setting_then_the_locale(setting: dict[str, str], chinese: bool,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from fourcard_helpers.doctor import examine
+
+    for name in ("LANGUAGE", "LC_ALL", "LC_MESSAGES", "LANG"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in setting.items():
+        monkeypatch.setenv(name, value)
+    record = {"steps": 3, "joined_group": True, "used_ddp": True, "collectives_while_training": 6,
+              "collectives_at_end": 6, "weights": [], "sampler_epochs": [[0, 0]], "padded_evaluations": [],
+              "saved_paths": [], "first_batches": []}
+    [warning] = examine({0: record, 1: record}, 2)
+    assert warning.startswith("一个打乱顺序的 DistributedSampler 被遍历了 2 次" if chinese else
+                              "a shuffling DistributedSampler was iterated 2 times, every time with epoch 0")
+
+
+@pytest.mark.slow
+def test_a_real_failed_launch_explains_itself_in_chinese(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through torchrun and the kernel-side launcher, as a learner with FOURCARDS_LANG=zh meets it."""
+    from fourcard_helpers.diagnose import LaunchError
+    from fourcard_helpers.launch import leftover_processes, torchrun
+
+    monkeypatch.setenv("FOURCARDS_LANG", "zh")
+    script = "import torch.distributed as dist\nprint(dist.get_rank())\n"
+    with pytest.raises(LaunchError) as failed:
+        torchrun(script, nproc=2, timeout=120, echo=False)
+    text = str(failed.value)
+    assert "（共 2 个）抛出了 ValueError" in text or "（共 2 个）抛出了 RuntimeError" in text, text
+    assert "这个 rank 在加入进程组之前就用了 torch.distributed" in text and "其余 rank 已被停止" in text
+    assert leftover_processes() == []
+
+
+def test_an_exercise_check_speaks_chinese_when_asked(monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from fourcard_helpers import check
+
+    def attempt() -> None:
+        check.close([1.0, 2.5], [1.0, 2.0])
+
+    with pytest.raises(check.CheckFailed):
+        check.exercise("sum", attempt)
+    monkeypatch.setenv("FOURCARDS_LANG", "zh")
+    with pytest.raises(check.CheckFailed):
+        check.exercise("sum", attempt)
+    english, chinese = capsys.readouterr().out.splitlines()
+    assert english == "✗ sum: not yet. your answer: differs from the expected value by up to 0.5 (tolerance 1e-06 + 1e-05·|x|)"
+    assert chinese == "✗ sum：还不对。你的答案：与期望值最多相差 0.5（容差 1e-06 + 1e-05·|x|）"
+
+
+def asserted_strings(source: str) -> list[str]:
+    """The string constants inside a code cell's assert statements (magic lines left out)."""
+    code = "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines())
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:  # a cell of another language (%%bash, %%writefile of a non-Python file)
+        return []
+    return [node.value for statement in ast.walk(tree) if isinstance(statement, ast.Assert)
+            for node in ast.walk(statement) if isinstance(node, ast.Constant) and isinstance(node.value, str)]
+
+
+def word_runs(text: str, length: int = 4) -> set[str]:
+    words = re.findall(r"[A-Za-z']+", text.lower())
+    return {" ".join(words[i:i + length]) for i in range(len(words) - length + 1)}
+
+
+def test_no_lesson_asserts_the_english_wording_of_a_translated_message() -> None:
+    """With FOURCARDS_LANG=zh (or a zh_CN locale) the doctor and the launcher speak Chinese, in the
+    English lessons as in the Chinese ones: a lesson that asserted their English words would stop
+    Run All there. Lessons check such messages by what no translation changes (names, numbers)."""
+    translated = set()
+    for message in translate.package_messages():
+        for part in re.split(r"\{\w*\}", message.text):
+            translated |= word_runs(part)
+    found = [f"{lesson.name} cell {index}: assert on {text!r}"
+             for lesson in LESSONS
+             for index, cell in enumerate(json.loads(lesson.read_text(encoding="utf-8"))["cells"])
+             if cell["cell_type"] == "code"
+             for text in asserted_strings("".join(cell["source"]))
+             if " " in text and word_runs(text) & translated]  # a lone name (`set_epoch`) is the same in Chinese
+    assert not found, "\n".join(found)
