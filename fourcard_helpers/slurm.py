@@ -521,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.action == "up":
             cluster = up(args.nodes, folder)
             cards = f", {cluster.gpus_per_node} GPUs each" if cluster.gpus_per_node else ""
-            print(f"practice cluster up: {len(cluster.nodes)} nodes ({', '.join(cluster.nodes)}) idle{cards}, folder {folder}")
+            print(f"practice cluster up: {len(cluster.nodes)} node{'s' if len(cluster.nodes) != 1 else ''} ({', '.join(cluster.nodes)}) idle{cards}, folder {folder}")
             print(f"export SLURM_CONF={cluster.conf}")
         elif args.action == "status":
             cluster = status(folder)

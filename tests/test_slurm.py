@@ -41,6 +41,20 @@ def _tasks(name: str) -> list[str]:
     return subprocess.run(["pgrep", "-f", f"^{name}"], capture_output=True, text=True).stdout.split()
 
 
+def _steps_of(folder: Path) -> list[str]:
+    """Pids of the `slurmstepd` processes of the cluster in `folder` (slurmd hands each the cluster's SLURM_CONF):
+    another practice cluster on this machine (lesson 12b, run beside the tests) has steps of its own."""
+    conf = f"SLURM_CONF={folder / 'slurm.conf'}".encode()
+    steps = []
+    for pid in _tasks("slurmstepd"):
+        try:
+            if conf in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                steps.append(pid)
+        except OSError:  # ended meanwhile
+            continue
+    return steps
+
+
 def _finished(cluster, job: str) -> str:
     """Wait until the job has left the queue (`sbatch --wait` looks only every few seconds); `scontrol show job`."""
     _wait_until(lambda: cluster.run("squeue", "-h", "-j", job).strip() == "", f"job {job} finished", bound=300)
@@ -96,12 +110,13 @@ def test_down_ends_a_running_job_and_its_processes(tmp_path, controller):
         job.write_text(f"#!/bin/bash\n#SBATCH --nodes=2\nsrun bash -c 'echo started; exec -a {marker} sleep 600'\n")
         cluster.run("sbatch", f"--chdir={tmp_path}", f"--output={tmp_path}/out.txt", str(job))
         _wait_until(lambda: len(_tasks(marker)) == 2, "both nodes' tasks running")
+        assert len(_steps_of(cluster.dir)) >= 2  # each node's step of the job, found as the check below looks
         if controller == "killed":
             os.kill(cluster.pids["slurmctld"], signal.SIGKILL)
     finally:
         down(cluster.dir)
     _nothing_left(cluster.dir, cluster.pids)
-    assert _tasks(marker) == [] and _tasks("slurmstepd") == []
+    assert _tasks(marker) == [] and _steps_of(cluster.dir) == []
 
 
 def test_up_while_running_refuses_and_a_stale_folder_is_cleaned(tmp_path):
