@@ -289,7 +289,7 @@ def test_lesson_12s_batch_file_requeues_itself_on_the_time_limit_warning(tmp_pat
         state = _finished(cluster, job)
     log = (tmp_path / "warned.out").read_text()
     assert "JobState=COMPLETED" in state and "ExitCode=0:0" in state and "Restarts=1" in state, (state, log[-3000:])
-    assert "time limit near: job requeued (run 0)" in log
+    assert "time limit near: requeueing the job (run 0)" in log
     assert re.search(r"resumed from epoch-00(0[2-9]|1[01]), \d+ of 12 epochs done", log), log[-3000:]
     assert _same_weights(tmp_path / "reference", tmp_path / "warned")
 
@@ -308,7 +308,7 @@ def test_lesson_12s_batch_file_outlives_its_time_limit_by_requeueing_and_ends_wi
     log = (tmp_path / "one minute.out").read_text()
     assert "JobState=COMPLETED" in state and "ExitCode=0:0" in state, (state, log[-3000:])
     assert "TimeLimit=00:01:00" in state and int(re.search(r"Restarts=(\d+)", state)[1]) >= 1  # requeued at least once
-    assert "time limit near: job requeued (run 0)" in log and re.search(r"resumed from epoch-00\d\d, \d+ of 40 epochs", log)
+    assert "time limit near: requeueing the job (run 0)" in log and re.search(r"resumed from epoch-00\d\d, \d+ of 40 epochs", log)
     assert _same_weights(tmp_path / "no limit", tmp_path / "one minute")
 
 
