@@ -217,7 +217,7 @@ def test_the_doctor_speaks_exactly_where_a_lesson_stages_a_mistake(path: Path) -
             assert warned == staged, f"doctor {'warned' if warned else 'silent'}: {source(cell)[:120]}"
 
 
-@pytest.mark.parametrize("number", ["01", "05"])
+@pytest.mark.parametrize("number", ["01", "05b"])
 def test_lessons_that_stage_data_parallel_mistakes_show_the_doctor(number: str) -> None:
     path = next(p for p in NOTEBOOKS if p.name.startswith(number))
     assert any("doctor-warns" in c["metadata"].get("tags", []) for c in cells(path))

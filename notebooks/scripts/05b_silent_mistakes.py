@@ -35,7 +35,7 @@ for epoch in range(2):
         optimizer.step()
 
 # mistake 2: every rank writes the same file (the fix: only rank 0 writes, then a barrier)
-path = os.path.join(tempfile.gettempdir(), "fourcard_05_silent.pt")
+path = os.path.join(tempfile.gettempdir(), "fourcard_05b_silent.pt")
 torch.save(model.module.state_dict(), path)
 dist.barrier()
 report(same_first_batch_both_epochs=first_batches[0] == first_batches[1])
