@@ -13,11 +13,15 @@ what they looked like:
 * `timeout`: the launch ran past its cell's timeout;
 * otherwise the failing output's last line.
 
-    python benchmarks/script_stress.py [--runs 20] [--busy 2] [--omp1] [-k 05_] [--json FILE] [--keep DIR]
+    python benchmarks/script_stress.py [--runs 20] [--busy 2] [--threads 1] [-k 05_] [--json FILE] [--keep DIR]
 
 `--busy K` starts K processes that spin on a core each, beside the launches (a machine under
-load); `--omp1` sets OMP_NUM_THREADS=1 (the tests' setting too). Staged failures (cells tagged
-`raises-exception`) must fail every time: for them a success is counted as the failure.
+load). `--threads N` sets OMP_NUM_THREADS=N in every rank. The default, 1, is what a learner's
+plain `torchrun` gives each rank anyway: torchrun sets OMP_NUM_THREADS=1 when it starts more than
+one rank per agent and the variable is unset, and every shipped launch starts two or four. A
+learner who exported another value is the case the default does not cover (`--threads 2`: eight
+threads for four ranks). Staged failures (cells tagged `raises-exception`) must fail every time:
+for them a success is counted as the failure.
 Two scripts read what an earlier one wrote (NEEDS below): select the writer too (`-k 12_fsdp_`),
 or every launch of the reader fails for want of its file.
 """
@@ -73,7 +77,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=20, help="launches of each script (default 20)")
     parser.add_argument("--busy", type=int, default=0, help="busy processes beside the launches")
-    parser.add_argument("--omp1", action="store_true", help="OMP_NUM_THREADS=1 in every rank")
+    parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS in every rank (default 1, torchrun's own)")
     parser.add_argument("-k", default="", help="only scripts whose name contains this")
     parser.add_argument("--json", type=Path, help="also write the counts to this file")
     parser.add_argument("--keep", type=Path, help="write each failed launch's output into this folder")
@@ -83,12 +87,12 @@ def main() -> None:
     missing = sorted(f"{NEEDS[script]} (for {script})" for script in chosen if NEEDS.get(script, script) not in chosen)
     if missing:
         parser.error("-k leaves out what a selected script reads: " + ", ".join(missing) + "; widen -k")
-    env = {"OMP_NUM_THREADS": "1"} if args.omp1 else {}
+    env = {"OMP_NUM_THREADS": str(args.threads)}
     busy = [multiprocessing.Process(target=spin, daemon=True) for _ in range(args.busy)]
     for proc in busy:
         proc.start()
     print(f"{len(launches)} scripts × {args.runs} runs; {os.cpu_count()} cores, {args.busy} busy processes, "
-          f"OMP_NUM_THREADS={env.get('OMP_NUM_THREADS', 'as set')}", flush=True)
+          f"OMP_NUM_THREADS={args.threads} in every rank", flush=True)
     results, started, load_at_start = {}, time.time(), os.getloadavg()[0]
     try:
         for script, nproc, nnodes, timeout, staged in launches:
@@ -117,7 +121,7 @@ def main() -> None:
         args.json.write_text(json.dumps({
             "command": "python benchmarks/script_stress.py " + " ".join(sys.argv[1:]),
             "date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-            "busy_processes": args.busy, "omp_num_threads": env.get("OMP_NUM_THREADS"),
+            "busy_processes": args.busy, "omp_num_threads": args.threads,
             "load_average": [round(load_at_start, 1), round(os.getloadavg()[0], 1)],  # at the start and the end
             "scripts": results}, indent=1) + "\n", encoding="utf-8")
 
