@@ -12,9 +12,13 @@ An exercise in a notebook looks like this:
     check.exercise("weighted average", lambda: check.close(weighted_average(g, n), reference))
 
 A learner who has not written the answer yet sees "not attempted"; a wrong answer shows
-what was expected. The hidden `%%solution` cell (see magic.py) runs the same check on the
-reference answer in a copy of the notebook's namespace: "Run All" proves the exercise can be
-solved without overwriting the learner's attempt with the solution.
+what was expected. An exercise that asks for a launch checks the launch's result; a check that
+finds none raises `NotLaunched`, and the learner reads that no launch has succeeded yet rather
+than that nothing was attempted, which would mislead one whose launch has just failed.
+
+The hidden `%%solution` cell (see magic.py) runs the same check on the reference answer in a
+copy of the notebook's namespace: "Run All" proves the exercise can be solved without
+overwriting the learner's attempt with the solution.
 """
 from __future__ import annotations
 
@@ -30,6 +34,10 @@ _reference_verdicts: list[str] | None = None  # while a %%solution cell runs: ex
 
 class CheckFailed(AssertionError):
     """An exercise answer is not right yet; the message says how it differs."""
+
+
+class NotLaunched(NotImplementedError):
+    """An exercise's launch has left no result: its cell has not run, or the launch failed."""
 
 
 def _as_tensor(value: Any) -> torch.Tensor:
@@ -64,8 +72,9 @@ def equal(actual: Any, expected: Any, what: str | None = None) -> None:
 def exercise(name: str, test: Callable[[], Any]) -> None:
     """Run an exercise's test and say how it went (returns nothing, so a cell shows only that).
 
-    NotImplementedError means "not attempted yet" and is not an error; a wrong answer
-    raises CheckFailed, so a notebook run top to bottom stops on it.
+    NotImplementedError means "not attempted yet" and is not an error, nor is NotLaunched
+    (no successful launch yet); a wrong answer raises CheckFailed, so a notebook run top to
+    bottom stops on it.
     """
     if _reference_verdicts is not None:
         test()  # a reference solution that fails its own check is a bug in the lesson: raise
@@ -75,6 +84,10 @@ def exercise(name: str, test: Callable[[], Any]) -> None:
         return
     try:
         test()
+    except NotLaunched:
+        print("○ " + _("{name}: no successful launch yet. If the launch cell above ended with an error, fix what it "
+                       "names and run that cell again; then run this one.").format(name=name))
+        return
     except NotImplementedError:
         print("○ " + _("{name}: not attempted yet. Write your answer above and run this cell again.").format(name=name))
         return

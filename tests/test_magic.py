@@ -79,10 +79,18 @@ def test_a_deliberate_error_with_a_message_is_not_a_skeleton() -> None:
     assert placeholder_line("def main():\n    if x:\n        raise NotImplementedError\nraise NotImplementedError\n") == 3
 
 
-def test_a_failed_launch_leaves_no_earlier_result_to_judge(shell: InteractiveShell) -> None:
+def test_a_failed_launch_leaves_no_earlier_result_to_judge(
+        shell: InteractiveShell, capsys: pytest.CaptureFixture[str]) -> None:
     shell.user_ns["run"] = "an earlier run"
     outcome = shell.run_cell("%%torchrun -n 2 --timeout 120 --result run\nraise SystemExit(3)\n")
     assert outcome.error_in_exec is not None and "run" not in shell.user_ns
+    capsys.readouterr()
+    # An exercise's check that finds no result says so: the learner has attempted it, the launch failed.
+    shell.run_cell("from fourcard_helpers import check\n"
+                   "def judge(result):\n    if result is None:\n        raise check.NotLaunched\n"
+                   "check.exercise('the launch', lambda: judge(globals().get('run')))")
+    shown = capsys.readouterr().out
+    assert "no successful launch yet" in shown and "not attempted" not in shown
 
 
 def test_solution_checks_the_reference_without_touching_the_learners_names(
