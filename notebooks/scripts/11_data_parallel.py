@@ -10,9 +10,9 @@ from fourcard_helpers.models import MnistCNN
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=8)   # measured steps (after 2 warm-up steps), 64 digits each
-parser.add_argument("--dtype", default="float32")      # float64: the same training, rounded far finer (section 1)
+parser.add_argument("--dtypes", default="float32,float64")  # float64: the same training again, rounded far finer (section 1)
 args = parser.parse_args()
-STEPS, GLOBAL_BATCH, LR, DTYPE = args.steps, 64, 3e-3, getattr(torch, args.dtype)
+STEPS, GLOBAL_BATCH, LR = args.steps, 64, 3e-3
 cards = detect(int(os.environ["WORLD_SIZE"]))
 dist.init_process_group(cards.backend)
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -22,12 +22,12 @@ if cards.kind == "cuda":
 mesh = init_device_mesh(cards.kind, (world,))  # FSDP2's cards: its default is CUDA in any CUDA build
 train_set, test_set = load_mnist("train"), load_mnist("test")
 
-for strategy in ("single card", "DDP", "DDP, no_sync ×2", "FSDP2"):
+for dtype, strategy in itertools.product(args.dtypes.split(","), ("single card", "DDP", "DDP, no_sync ×2", "FSDP2")):
     n = 1 if strategy == "single card" else world      # cards this strategy uses
     micro = 2 if "no_sync" in strategy else 1           # micro-batches per optimizer step
     if rank < n:
         torch.manual_seed(0)                            # the same initial weights everywhere
-        model = MnistCNN().to(device, DTYPE)
+        model = MnistCNN().to(device, getattr(torch, dtype))
         if strategy.startswith("DDP"):
             model = DDP(model, device_ids=[device.index] if cards.kind == "cuda" else None)
         elif strategy == "FSDP2":
@@ -47,7 +47,7 @@ for strategy in ("single card", "DDP", "DDP, no_sync ×2", "FSDP2"):
                 last = i % micro == micro - 1
                 quiet = model.no_sync() if micro > 1 and not last else nullcontext()
                 with quiet:                             # no_sync: keep the gradient, skip the all-reduce
-                    (F.cross_entropy(model(x.to(device, DTYPE)), y.to(device)) / micro).backward()
+                    (F.cross_entropy(model(x.to(device, getattr(torch, dtype))), y.to(device)) / micro).backward()
                 fed += len(x)
                 if last:
                     optimizer.step()
@@ -57,9 +57,9 @@ for strategy in ("single card", "DDP", "DDP, no_sync ×2", "FSDP2"):
                       bytes_per_step=counter.bytes / STEPS, messages_per_step=counter.calls / STEPS,
                       state_bytes=model_state_bytes(list(model.parameters()), optimizer), weights=flat_weights(model, rank == 0),
                       peak_memory=peak_memory(device), accuracy=accuracy(model, test_set, device))
-        report(**{strategy: result})
+        report(**{strategy if dtype == "float32" else f"{strategy} in {dtype}": result})
         if rank == 0:
-            print(f"{strategy:16} {result['samples_per_s']:5.0f} samples/s, accuracy {result['accuracy']:.1%}", flush=True)
+            print(f"{strategy:16} {dtype}: {result['samples_per_s']:5.0f} samples/s, accuracy {result['accuracy']:.1%}", flush=True)
     dist.barrier()                                      # the other cards wait while one card trains alone
 dist.destroy_process_group()
 sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)

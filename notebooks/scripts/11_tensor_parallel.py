@@ -9,9 +9,9 @@ from fourcard_helpers.models import MnistCNN
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=8)   # measured steps (after 2 warm-up steps), 64 digits each
-parser.add_argument("--dtype", default="float32")      # float64: the same training, rounded far finer (section 1)
+parser.add_argument("--dtypes", default="float32,float64")  # float64: the same training again, rounded far finer (section 1)
 args = parser.parse_args()
-STEPS, GLOBAL_BATCH, LR, DTYPE = args.steps, 64, 3e-3, getattr(torch, args.dtype)
+STEPS, GLOBAL_BATCH, LR = args.steps, 64, 3e-3
 cards = detect(int(os.environ["WORLD_SIZE"]))
 dist.init_process_group(cards.backend)
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -20,13 +20,14 @@ if cards.kind == "cuda":
     torch.cuda.set_device(device)
 train_set, test_set = load_mnist("train"), load_mnist("test")
 
-for strategy, shape in (("tensor parallel", (1, world)), ("2×2: data × tensor", (2, world // 2))):
+for dtype, (strategy, shape) in itertools.product(args.dtypes.split(","), (("tensor parallel", (1, world)),
+                                                                          ("2×2: data × tensor", (2, world // 2)))):
+    DTYPE = getattr(torch, dtype)
     mesh = init_device_mesh(cards.kind, shape, mesh_dim_names=("dp", "tp"))
     dp, dp_rank = mesh["dp"].get_group(), mesh["dp"].get_local_rank()
     torch.manual_seed(0)
     model = MnistCNN().to(device, DTYPE)            # fc1 split by columns, fc2 by rows (lesson 08);
-    # fc1's 50 outputs do not split evenly over 4 cards (torch.chunk: 13, 13, 13, 11): keep its output
-    # a DTensor, which knows the true global shape, rather than a plain local tensor fc2 would guess from.
+    # fc1's 50 outputs split unevenly (13, 13, 13, 11): its output stays a DTensor, which knows the whole shape
     plan = {"fc1": ColwiseParallel(use_local_output=False), "fc2": RowwiseParallel()}
     parallelize_module(model, mesh["tp"], plan)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)  # the convolutions are replicated
@@ -57,8 +58,8 @@ for strategy, shape in (("tensor parallel", (1, world)), ("2×2: data × tensor"
                   bytes_per_step=counter.bytes / STEPS, messages_per_step=counter.calls / STEPS,
                   state_bytes=state, peak_memory=peak_memory(device), accuracy=accuracy(full, test_set, device),
                   weights=flat_weights(full, rank == 0))
-    report(**{strategy: result})
+    report(**{strategy if dtype == "float32" else f"{strategy} in {dtype}": result})
     if rank == 0:
-        print(f"{strategy:18} {result['samples_per_s']:5.0f} samples/s, accuracy {result['accuracy']:.1%}", flush=True)
+        print(f"{strategy:18} {dtype}: {result['samples_per_s']:5.0f} samples/s, accuracy {result['accuracy']:.1%}", flush=True)
 dist.destroy_process_group()
 sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
