@@ -1,0 +1,27 @@
+"""Exercise 3 (lesson 08): the 2 x 2 mesh's tensor- and data-parallel groups, made by hand with new_group."""
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+from fourcard_helpers import detect, report
+
+cards = detect(int(os.environ["WORLD_SIZE"]))
+dist.init_process_group(cards.backend)
+rank, device = dist.get_rank(), cards.device(int(os.environ["LOCAL_RANK"]))
+if cards.kind == "cuda":
+    torch.cuda.set_device(device)
+
+# your code here: make the four groups (every rank makes every group, in the same order), then set
+# tp_group and dp_group to the two this rank is in
+raise NotImplementedError
+
+sums = {}
+for name, group in (("tp", tp_group), ("dp", dp_group)):
+    value = torch.tensor([rank + 1.0], device=device)
+    dist.all_reduce(value, group=group)          # only the group's ranks take part
+    sums[name] = value.item()
+report(groups={"tp": dist.get_process_group_ranks(tp_group), "dp": dist.get_process_group_ranks(dp_group)}, sums=sums)
+dist.destroy_process_group()
+sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
