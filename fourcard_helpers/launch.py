@@ -128,6 +128,12 @@ def rank_environment(cards: Cards, run_dir: Path, label: str, extra: Mapping[str
             LAUNCHER_ENV: str(os.getpid()),  # lets leftover_processes() find what we started
             LABEL_ENV: label,
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+            # init_process_group is not a meeting on gloo: a rank whose connections are made may run on and
+            # exit while a slower one still connects to it, which then fails ("Gloo connectFullMesh failed
+            # ... Connection closed by peer"). A script with a collective meets there anyway; one without
+            # (init, report, destroy) failed so, now and then, on a busy machine. PyTorch's own switch makes
+            # init end with a barrier on the rendezvous store, which outlives the ranks.
+            "TORCH_DIST_INIT_BARRIER": os.environ.get("TORCH_DIST_INIT_BARRIER", "1"),
         }
     )
     loopback = _loopback_interface()
