@@ -41,6 +41,51 @@ def gradient_bytes(num_parameters: int, dtype: object = "fp32") -> int:
     return int(num_parameters) * dtype_bytes(dtype)
 
 
+_CANONICAL = {"fp32": "fp32", "float32": "fp32", "float": "fp32", "fp16": "fp16", "float16": "fp16", "half": "fp16",
+              "bf16": "bf16", "bfloat16": "bf16", "fp64": "fp64", "float64": "fp64", "double": "fp64"}
+
+
+def _dtype_name(dtype: object) -> str:
+    """"fp32", "bf16", "fp16" or "fp64" for a dtype given as a name or a torch.dtype."""
+    name = str(dtype).removeprefix("torch.").lower()
+    if name not in _CANONICAL:
+        raise ValueError(f"unknown dtype {dtype!r}: use one of {', '.join(sorted(_CANONICAL))} or a torch.dtype")
+    return _CANONICAL[name]
+
+
+def gradient_dtype(strategy: str, parameters: object = "fp32", compute: object | None = None, *,
+                   compress_hook: str | None = None, reduce_dtype: object | None = None) -> str:
+    """The dtype ("fp32", "bf16", ...) in which `strategy`, "DDP" or "FSDP", reduces the gradients.
+
+    `parameters` is the dtype the parameters are stored in; `compute` the dtype the arithmetic runs in
+    (`torch.autocast`'s for DDP, `MixedPrecisionPolicy.param_dtype` for FSDP); None means the parameters'.
+
+    DDP: autocast casts copies of the weights for each operation, but autograd hands every gradient back in its
+    leaf's dtype, so the gradients, DDP's buckets and its all-reduce are in the parameters' dtype whatever autocast
+    computes in (`compute` changes nothing). Only a communication hook changes what is sent:
+    `bf16_compress_hook` / `fp16_compress_hook` (`compress_hook="bf16"` or `"fp16"`) cast each bucket to that dtype
+    for the all-reduce and back into the bucket after it.
+
+    FSDP (FSDP2's `MixedPrecisionPolicy`): the gathered weights are cast to `param_dtype`, so the gradients come
+    out of backward in it; the reduce-scatter runs in `reduce_dtype` if given, else in those gradients' dtype
+    (`param_dtype` if given, else the parameters'). Whatever dtype it ran in, the reduced shard is then cast back to
+    the parameters' own dtype (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, foreach_reduce).
+    """
+    if strategy == "DDP":
+        if reduce_dtype is not None:
+            raise ValueError("DDP has no reduce_dtype: a compression hook (compress_hook=\"bf16\") changes what it sends")
+        if compress_hook is None:
+            return _dtype_name(parameters)
+        if compress_hook not in ("bf16", "fp16"):
+            raise ValueError(f"compress_hook must be None, \"bf16\" or \"fp16\", not {compress_hook!r}")
+        return compress_hook
+    if strategy == "FSDP":
+        if compress_hook is not None:
+            raise ValueError("FSDP2 has no compression hook: MixedPrecisionPolicy(reduce_dtype=...) sets what it sends")
+        return _dtype_name(reduce_dtype if reduce_dtype is not None else compute if compute is not None else parameters)
+    raise ValueError(f"strategy must be \"DDP\" or \"FSDP\", not {strategy!r}")
+
+
 def ring_all_reduce_bytes(nbytes: float, n: int) -> float:
     """Bytes each card sends (and receives) in a ring all-reduce of an `nbytes` tensor.
 
