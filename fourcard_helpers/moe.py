@@ -20,7 +20,8 @@ class MoE(nn.Module):
     """A mixture of experts in the MLP's place: a router scores each token against every expert, the token goes to
     its `top_k` best, and its output is their outputs weighted by the router's probabilities (Switch Transformer's
     weighting: the softmax over all experts, not renormalised over the chosen). With a `capacity_factor`, each expert
-    takes at most ceil(capacity_factor · assignments / experts) of them, in order of position, and drops the rest.
+    takes at most ceil(capacity_factor · assignments / experts) of them and drops the rest; it serves every token's
+    first choice before any token's second (GShard's priority), each in order of position.
 
     `forward` returns the output alone, so that the layer takes the MLP's place in a Block unchanged; what a training
     loop or a lesson needs from the last forward stays on the layer: `aux_loss` (the load-balancing loss, in the
@@ -51,9 +52,10 @@ class MoE(nn.Module):
         keep = torch.ones_like(chosen, dtype=torch.bool)
         if self.capacity_factor is not None:
             capacity = math.ceil(self.capacity_factor * chosen.numel() / n_experts)
-            one_hot = F.one_hot(chosen.flatten(), n_experts)       # assignments in order of position
+            by_choice = chosen.t().flatten()                      # every token's first choice, then every second...
+            one_hot = F.one_hot(by_choice, n_experts)             # ...each in order of position
             place = (one_hot.cumsum(0) * one_hot).sum(1)           # 1 for an expert's first assignment, 2 its second...
-            keep = (place <= capacity).view_as(chosen)
+            keep = (place <= capacity).view(chosen.shape[1], -1).t()   # back to (tokens, k)
         self.kept = torch.bincount(chosen[keep], minlength=n_experts)
         out = torch.zeros_like(tokens)
         for e, expert in enumerate(self.experts):
