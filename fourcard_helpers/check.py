@@ -83,7 +83,7 @@ def exercise(name: str, test: Callable[[], Any]) -> None:
                                             ).format(name=name))
         return
     try:
-        test()
+        verdict = test()
     except NotLaunched:
         print("○ " + _("{name}: no successful launch yet. If the launch cell above ended with an error, fix what it "
                        "names and run that cell again; then run this one.").format(name=name))
@@ -95,6 +95,8 @@ def exercise(name: str, test: Callable[[], Any]) -> None:
         print("✗ " + _("{name}: not yet. {failure}").format(name=name, failure=failure))
         raise
     print("✓ " + _("{name}: correct.").format(name=name))
+    if isinstance(verdict, str):  # a build exercise's check says what it measured (exercises/)
+        print(verdict)
 
 
 @contextmanager
@@ -107,3 +109,11 @@ def reference_solution() -> Iterator[list[str]]:
         yield _reference_verdicts
     finally:
         _reference_verdicts = before
+
+
+if __name__ == "__main__":  # python -m fourcard_helpers.check EXERCISE FILE.py: a build exercise from a terminal
+    import sys
+
+    from fourcard_helpers.exercises import main
+
+    sys.exit(main(sys.argv[1:]))
