@@ -4,5 +4,6 @@ Each is also the text of its lesson's hidden solution cell (tests/test_exercises
 and each is compared with PyTorch's own implementation in tests/test_solutions.py.
 """
 from .ddp import BucketedDDP, OverlappedDDP
+from .sharding import HandFSDP, ShardedOptimizer
 
-__all__ = ["OverlappedDDP", "BucketedDDP"]
+__all__ = ["OverlappedDDP", "BucketedDDP", "ShardedOptimizer", "HandFSDP"]

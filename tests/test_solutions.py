@@ -1,0 +1,143 @@
+"""The build exercises' reference solutions against PyTorch's own: DistributedDataParallel,
+ZeroRedundancyOptimizer, fully_shard. One real two-rank torchrun launch on gloo trains each pair
+from the same weights on the same batches, in float64, and reports the largest difference."""
+from __future__ import annotations
+
+import pytest
+
+from fourcard_helpers.launch import torchrun
+
+SCRIPT = '''
+import os, sys
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from fourcard_helpers import detect, report
+from fourcard_helpers.solutions import BucketedDDP, HandFSDP, OverlappedDDP, ShardedOptimizer
+
+cards = detect(int(os.environ["WORLD_SIZE"]))
+dist.init_process_group(cards.backend)
+rank, world = dist.get_rank(), dist.get_world_size()
+device = cards.device(int(os.environ["LOCAL_RANK"]))
+
+
+class Net(nn.Module):  # a layer used twice, a frozen one, uneven sizes (35 = 5 × 7 weights)
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(11, 5)
+        self.hidden = nn.Linear(5, 5)
+        self.frozen = nn.Linear(5, 7).requires_grad_(False)
+        self.norm = nn.LayerNorm(7)
+        self.out = nn.Linear(7, 3)
+
+    def forward(self, tokens):
+        h = torch.tanh(self.hidden(torch.tanh(self.hidden(self.embed(tokens)))))
+        return self.out(self.norm(self.frozen(h)))
+
+
+def net(dtype=torch.float64):
+    torch.manual_seed(0)
+    return Net().to(device, dtype)
+
+
+def batches(steps=3):
+    g = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        tokens, target = torch.randint(0, 11, (4 * world,), generator=g), torch.randn(4 * world, 3, generator=g)
+        yield tokens[rank * 4:(rank + 1) * 4].to(device), target[rank * 4:(rank + 1) * 4].to(device, torch.float64)
+
+
+def gap(a, b):
+    return max((x.detach().double() - y.detach().double()).abs().max().item() for x, y in zip(a, b))
+
+
+def train(model, optimizer, finish=lambda: None, accumulate=False, steps=3):
+    for tokens, target in batches(steps):
+        optimizer.zero_grad()
+        if accumulate:  # two micro-batches, the first without communication
+            with model.no_sync():
+                (F.mse_loss(model(tokens[:2]).double(), target[:2]) / 2).backward()
+            (F.mse_loss(model(tokens[2:]).double(), target[2:]) / 2).backward()
+        else:
+            F.mse_loss(model(tokens).double(), target).backward()
+        finish()
+        optimizer.step()
+
+
+found = {}
+for accumulate in (False, True):
+    theirs = DDP(net())
+    train(theirs, torch.optim.SGD(theirs.parameters(), lr=0.3), accumulate=accumulate)
+    ours = OverlappedDDP(net())
+    train(ours, torch.optim.SGD(ours.parameters(), lr=0.3), ours.finish, accumulate=accumulate)
+    found[f"overlapped_ddp{'_no_sync' if accumulate else ''}"] = gap(ours.parameters(), theirs.module.parameters())
+
+theirs = DDP(net(), bucket_cap_mb=0.0002)
+train(theirs, torch.optim.SGD(theirs.parameters(), lr=0.3))
+ours = BucketedDDP(net(), bucket_mb=0.0002)
+train(ours, torch.optim.SGD(ours.parameters(), lr=0.3), ours.finish)
+found["bucketed_ddp"] = gap(ours.parameters(), theirs.module.parameters())
+found["buckets"] = [len(bucket) for bucket in ours.buckets]
+
+groups = lambda model: [{"params": [model.embed.weight, model.out.bias], "lr": 0.01}, {"params": [model.hidden.weight, model.hidden.bias, model.norm.weight, model.norm.bias, model.out.weight]}]
+mine, reference = net(), net()
+theirs = ZeroRedundancyOptimizer(groups(reference), optimizer_class=torch.optim.Adam, lr=0.05)
+ours = ShardedOptimizer(groups(mine), torch.optim.Adam, lr=0.05)
+for model, optimizer in ((reference, theirs), (mine, ours)):
+    ddp = DDP(model)
+    train(ddp, optimizer)
+found["sharded_optimizer"] = gap(mine.parameters(), reference.parameters())
+found["state_numbers"] = sum(t.numel() for s in ours.local.state.values() for t in s.values() if t.dim())
+
+for dtype in (None, torch.bfloat16):
+    theirs = net()
+    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float64) if dtype else MixedPrecisionPolicy()
+    for layer in (theirs.embed, theirs.hidden, theirs.out):
+        fully_shard(layer, mp_policy=policy)
+    fully_shard(theirs, mp_policy=policy)
+    steps = 1 if dtype else 3  # bf16: one step, before the tied layer's difference (below) spreads
+    train(theirs, torch.optim.SGD(theirs.parameters(), lr=0.3), steps=steps)
+    full_theirs = {name: p.full_tensor() for name, p in theirs.named_parameters()}
+    ours = HandFSDP(net(), compute_dtype=dtype)
+    train(ours, torch.optim.SGD(ours.parameters(), lr=0.3), ours.finish, steps=steps)
+    full_ours = ours.full_parameters()
+    key = "hand_fsdp" + ("_bf16" if dtype else "")
+    found[key] = {n: gap([full_ours[n]], [full_theirs[n]]) for n in full_theirs}
+    found[key + "_names"] = sorted(full_ours) == sorted(full_theirs) or sorted(full_ours)
+    found[key + "_masters"] = sorted({str(p.dtype) for p in ours.parameters()})
+    found[key + "_shard_numbers"] = [p.numel() for p in ours.shards]
+
+report(**found)
+dist.destroy_process_group()
+sys.stdout.flush()
+os._exit(0)
+'''
+
+
+@pytest.mark.slow
+def test_the_reference_solutions_train_as_pytorchs_own() -> None:
+    result = torchrun(SCRIPT, nproc=2, echo=False, doctor=False, timeout=300)
+    for rank in (0, 1):
+        found = result.reports[rank]
+        for key in ("overlapped_ddp", "overlapped_ddp_no_sync", "bucketed_ddp", "sharded_optimizer"):
+            assert found[key] <= 1e-14, (rank, key, found[key])  # float64: the same sums, in another order at most
+        assert max(found["hand_fsdp"].values()) <= 1e-14, found["hand_fsdp"]
+        # bf16 compute, float64 masters: the same casts and bf16 products as fully_shard's, so every weight is
+        # equal after a step, except the layer used twice: fully_shard adds its two uses' gradients in bf16,
+        # the solution reduce-scatters each use's gradient in the masters' dtype and adds them there
+        bf16 = found["hand_fsdp_bf16"]
+        assert all(bf16[name] == 0 for name in bf16 if not name.startswith("hidden.")), bf16
+        assert bf16["hidden.weight"] > 0
+        assert len(found["buckets"]) > 1  # a cap that small splits the model: several messages, one per bucket
+        assert found["hand_fsdp_masters"] == ["torch.float64"] and found["hand_fsdp_bf16_masters"] == ["torch.float64"]
+        assert found["hand_fsdp_shard_numbers"] == [28, 13, 18, 11]  # 55, 25, 35, 21 weights: ceil(n / 2), padded
+        assert found["hand_fsdp_names"] is True, found["hand_fsdp_names"]
+    # ZeRO-1: the two ranks' Adam states (2 numbers per parameter) add up to the model's, each holds part of it
+    trainable = 55 + 25 + 5 + 7 + 7 + 21 + 3
+    states = [result.reports[rank]["state_numbers"] for rank in (0, 1)]
+    assert sum(states) == 2 * trainable and 0 < min(states), states
