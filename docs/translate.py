@@ -224,16 +224,16 @@ def package_messages() -> list[Message]:
     """Every message the package marks for translation: the string literals in _() and N_() calls
     (a message is one literal, formatted after translation, so that the catalog can hold it)."""
     messages = []
-    for path in sorted(PACKAGE.glob("*.py")):
+    for path in sorted(PACKAGE.rglob("*.py")):  # the subpackages too (exercises/: the build exercises' verdicts)
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("_", "N_")
                     and node.args):
                 text = _literal(node.args[0])
                 if text is not None:
-                    messages.append(Message(None, text, f"fourcard_helpers/{path.name}"))
+                    messages.append(Message(None, text, str(path.relative_to(ROOT))))
                 elif not isinstance(node.args[0], (ast.Name, ast.Subscript, ast.Attribute)):
-                    raise SystemExit(f"fourcard_helpers/{path.name}:{node.lineno}: {node.func.id}() needs one string "
+                    raise SystemExit(f"{path.relative_to(ROOT)}:{node.lineno}: {node.func.id}() needs one string "
                                      "literal, formatted after translation with .format(...): a message built "
                                      "before it (an f-string, %, a call) cannot be in the catalog")
                 # a name or subscript: _(CARDS_FIX), a constant whose text N_() marked where it is defined

@@ -27,7 +27,10 @@ HOW TO ADD ONE (one module in this folder; nothing to register):
            _ranks.phase("step 1"); ... use learner.MyThing, compare with one card on this rank ...
            _ranks.finish(gap=..., ...)                     # reports, leaves the group, exits
    Import with absolute names (`from fourcard_helpers.exercises import harness`): the file also runs
-   as a script. Messages to the learner go through `_()` (fourcard_helpers.language).
+   as a script. Messages to the learner go through `_()` (fourcard_helpers.language); docs/translate.py
+   extracts them from this folder too, so each needs its Chinese in
+   fourcard_helpers/locale/zh_CN/LC_MESSAGES/fourcard_helpers.po (`translate.py update`, under the
+   translate lock), or tests/test_chinese.py fails.
 2. Put the reference solution in `fourcard_helpers/solutions/<family>.py` and re-export it in
    `solutions/__init__.py`.
 3. Add a test to tests/test_exercises.py: the reference passes, the skeleton is "not attempted",
@@ -43,7 +46,10 @@ HOW TO ADD ONE (one module in this folder; nothing to register):
 What every check gets from `harness` (kernel side) and `_ranks` (rank side): the skeleton found
 without a launch; a rank's exception turned into the learner's traceback in a CheckFailed; a rank
 that skipped a collective named (which rank, which collective, in which phase), within the
-collectives' time limit, never a frozen cell; each rank's trace of its collectives.
+collectives' time limit (harness.COLLECTIVE_TIMEOUT), never a frozen cell; each rank's trace of its
+collectives (`harness.launches(trace, phase)`), and `explain=` to read the traces of a failed launch
+with the exercise's own eyes. `_ranks.TiedNet` is a small model with a tied layer, a frozen one and a
+buffer; _ddp.py shows a whole family built on these pieces.
 """
 from __future__ import annotations
 
@@ -110,21 +116,26 @@ def solution_file() -> Path:
 
 
 def main(argv: Sequence[str]) -> int:
-    """`python -m fourcard_helpers.check EXERCISE FILE.py` (exit 0 correct, 1 wrong, 2 not attempted or
-    usage) and `python -m fourcard_helpers.check --list`."""
+    """`python -m fourcard_helpers.check EXERCISE FILE.py [--nproc N]` (exit 0 correct, 1 wrong, 2 not attempted
+    or usage) and `python -m fourcard_helpers.check --list`."""
     from ..check import CheckFailed
 
-    if list(argv) == ["--list"]:
+    words = list(argv)
+    if words == ["--list"]:
         for name, module in catalog().items():
             print(f"{name}\t{_('lesson')} {module.LESSON}\t{module.TITLE}\t{_('defines')}: {', '.join(module.DEFINES)}")
         return 0
-    if len(argv) != 2:
-        print(_("usage: python -m fourcard_helpers.check EXERCISE FILE.py   (or --list for the exercises)"),
-              file=sys.stderr)
+    nproc = 4
+    if len(words) == 4 and words[2] == "--nproc" and words[3].isdigit() and int(words[3]) > 1:
+        nproc = int(words.pop())
+        words.pop()
+    if len(words) != 2:
+        print(_("usage: python -m fourcard_helpers.check EXERCISE FILE.py [--nproc N]   (or --list for the "
+                "exercises)"), file=sys.stderr)
         return 2
-    name, path = argv
+    name, path = words
     try:
-        verdict = run(name, path)
+        verdict = run(name, path, nproc)
     except CheckFailed as failure:
         print("✗ " + _("{name}: not yet. {failure}").format(name=name, failure=failure))
         return 1

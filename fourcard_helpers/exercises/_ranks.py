@@ -33,6 +33,7 @@ COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor"
                "isend", "irecv", "barrier")
 
 _trace: Any = None
+DEVICE: torch.device | None = None  # this rank's card, set by start()
 _phase = "start"
 _count = 0
 
@@ -106,11 +107,11 @@ def start() -> tuple[ModuleType, torch.device, dict[str, Any]]:
     Arguments (from the kernel side, harness.launch): the learner's file, the check's parameters as
     JSON, the folder for the traces. A collective that waits longer than the parameters'
     `collective_timeout` raises (gloo), so a partner that skipped it ends the launch in seconds."""
-    global _trace
+    global _trace, DEVICE
     learner, parameters, folder = sys.argv[1], json.loads(sys.argv[2]), Path(sys.argv[3])
     cards = detect(int(os.environ["WORLD_SIZE"]))
     dist.init_process_group(cards.backend, timeout=timedelta(seconds=parameters["collective_timeout"]))
-    device = cards.device(int(os.environ["LOCAL_RANK"]))
+    device = DEVICE = cards.device(int(os.environ["LOCAL_RANK"]))
     if cards.kind == "cuda":
         torch.cuda.set_device(device)
     _trace = open(folder / f"rank{dist.get_rank()}.jsonl", "a", encoding="utf-8")  # noqa: SIM115 - kept open
@@ -152,3 +153,16 @@ def gap(ours: list[torch.Tensor], reference: list[torch.Tensor]) -> float:
     """The largest difference between two lists of tensors."""
     return max(((a.detach().double() - b.detach().double()).abs().max().item() for a, b in zip(ours, reference)),
                default=0.0)
+
+
+def optimizer_state_bytes(optimizer: Any) -> int:
+    """Bytes of the optimizer state a rank holds: the tensors in `.state` of the optimizer and of any
+    optimizer it keeps as an attribute (a ZeRO wrapper's inner one), each storage counted once."""
+    inner = [optimizer] + [value for value in vars(optimizer).values() if isinstance(value, torch.optim.Optimizer)]
+    storages = {}
+    for each in inner:
+        for state in each.state.values():
+            for value in state.values():
+                if isinstance(value, torch.Tensor):
+                    storages[value.untyped_storage().data_ptr()] = value.untyped_storage().nbytes()
+    return sum(storages.values())

@@ -14,7 +14,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ..check import CheckFailed
 from ..diagnose import LaunchError
@@ -58,9 +58,15 @@ def skeleton(path: Path, defines: Sequence[str]) -> None:
                                                 ).format(name=name, path=Path(path).name, line=node.lineno))
 
 
-def launch(exercise_file: str, path: Path, nproc: int, **parameters: Any) -> Result:
+Explain = Callable[[dict[int, list[dict[str, Any]]]], "str | None"]
+
+
+def launch(exercise_file: str, path: Path, nproc: int, explain: Explain | None = None, **parameters: Any) -> Result:
     """Run the exercise's file on `nproc` ranks with the learner's file; each rank gets `parameters`.
-    A failure raises CheckFailed: the rank that skipped a collective, or the first rank's error."""
+
+    A failure raises CheckFailed: what `explain` reads in the ranks' traces (the exercise's own
+    diagnosis, such as a shard of the wrong size that made a later step fail), else the rank that
+    skipped a collective, else the first rank's error."""
     folder = Path(tempfile.mkdtemp(prefix="fourcard-exercise-"))
     parameters = {"collective_timeout": COLLECTIVE_TIMEOUT, **parameters}
     try:
@@ -68,9 +74,10 @@ def launch(exercise_file: str, path: Path, nproc: int, **parameters: Any) -> Res
             result = torchrun(Path(exercise_file), nproc=nproc, timeout=LAUNCH_TIMEOUT, echo=False, doctor=False,
                               args=[str(Path(path).resolve()), json.dumps(parameters), str(folder)])
         except LaunchError as error:
-            skipped = skipped_collective(traces(folder, nproc))
-            if skipped:
-                raise CheckFailed(skipped) from None
+            found = traces(folder, nproc)
+            cause = (explain(found) if explain else None) or skipped_collective(found)
+            if cause:
+                raise CheckFailed(cause) from None
             raise CheckFailed(_("a rank failed while running your code. {error}").format(error=error)) from None
         return Result(result.reports, traces(folder, nproc))
     finally:

@@ -1,0 +1,177 @@
+"""The build exercises of lessons 09 and 10 (fourcard_helpers/exercises): the reference solution passes,
+the skeleton is "not attempted" without a launch, and each mistake a learner makes is named from what
+the ranks saw, in real torchrun launches on gloo (two ranks: the diagnoses are the same as on four).
+The lessons' hidden solution cells are the package's reference solutions, word for word."""
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import fourcard_helpers.solutions as solutions
+from fourcard_helpers import exercises
+from fourcard_helpers.check import CheckFailed
+from fourcard_helpers.exercises import harness
+from fourcard_helpers.solutions import ddp, sharding
+from test_notebooks import NOTEBOOKS, cells, source
+
+HEADER = "import contextlib\n\nimport torch\nimport torch.distributed as dist\nfrom torch import nn\n\n\n"
+OVERLAPPED = HEADER + inspect.getsource(ddp.OverlappedDDP)
+BUCKETED = HEADER + inspect.getsource(ddp.BucketedDDP)
+SHARDED = HEADER + inspect.getsource(sharding.ShardedOptimizer)
+FSDP = HEADER + inspect.getsource(sharding._Gather) + "\n\n" + inspect.getsource(sharding.HandFSDP)
+
+
+def mistake(text: str, old: str, new: str) -> str:
+    assert old in text, old
+    return text.replace(old, new)
+
+
+def write(tmp_path: Path, text: str, name: str = "answer.py") -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def diagnosis(tmp_path: Path, exercise: str, text: str) -> str:
+    with pytest.raises(CheckFailed) as failure:
+        exercises.run(exercise, write(tmp_path, text), nproc=2)
+    return str(failure.value)
+
+
+def test_every_exercise_says_what_it_asks() -> None:
+    found = exercises.catalog()
+    for name in ("overlapped-ddp", "bucketed-ddp", "sharded-optimizer", "hand-fsdp"):
+        module = found[name]
+        assert re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", module.NAME) and re.fullmatch(r"\d\d[b-z]?", module.LESSON)
+        assert module.TITLE and "\n" not in module.TITLE
+        assert all(hasattr(solutions, defined) for defined in module.DEFINES)
+
+
+def test_a_skeleton_is_not_attempted_without_a_launch(tmp_path: Path) -> None:
+    skeleton = HEADER + "class OverlappedDDP(nn.Module):\n    def __init__(self, module):\n" \
+                        "        super().__init__()\n        raise NotImplementedError\n"
+    with pytest.raises(NotImplementedError, match="OverlappedDDP"):
+        harness.skeleton(write(tmp_path, skeleton), ("OverlappedDDP",))
+    with pytest.raises(CheckFailed, match="does not define OverlappedDDP"):
+        harness.skeleton(write(tmp_path, HEADER), ("OverlappedDDP",))
+    harness.skeleton(write(tmp_path, OVERLAPPED), ("OverlappedDDP",))  # the reference is no skeleton
+
+
+def test_a_skipped_collective_is_named_from_the_traces() -> None:
+    call = {"kind": "launch", "op": "all_reduce", "numel": 36, "phase": "backward 1"}
+    said = harness.skipped_collective({0: [call, call], 1: [call]})
+    assert "rank(s) [1] never launched collective number 2" in said and "backward 1" in said
+    assert harness.skipped_collective({0: [call], 1: [call]}) is None
+
+
+@pytest.mark.slow
+def test_the_command_line_grades_a_file(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "fourcard_helpers.check"]
+    listed = subprocess.run([*command, "--list"], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert {line.split("\t")[0] for line in listed} >= {"overlapped-ddp", "bucketed-ddp", "sharded-optimizer",
+                                                        "hand-fsdp"}
+    skeleton = write(tmp_path, HEADER + "class OverlappedDDP(nn.Module):\n    def __init__(self, module):\n"
+                                        "        raise NotImplementedError\n", "skeleton.py")
+    graded = {}
+    for name, text in (("skeleton", None), ("right", OVERLAPPED),
+                       ("summed", mistake(OVERLAPPED, "            param.grad /= dist.get_world_size()\n", ""))):
+        path = skeleton if text is None else write(tmp_path, text, f"{name}.py")
+        graded[name] = subprocess.run([*command, "overlapped-ddp", str(path), "--nproc", "2"], capture_output=True,
+                                      text=True)
+    assert graded["skeleton"].returncode == 2 and "not attempted" in graded["skeleton"].stdout
+    assert graded["right"].returncode == 0 and "✓ overlapped-ddp: correct" in graded["right"].stdout
+    assert graded["summed"].returncode == 1 and "summed over the 2 ranks" in graded["summed"].stdout
+    assert subprocess.run([*command, "no-such-exercise", str(skeleton)], capture_output=True).returncode == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["no broadcast", "wait at once", "after backward", "hooked twice"])
+def test_overlapped_ddp_names_the_mistake(tmp_path: Path, case: str) -> None:
+    wrong, said = {
+        "no broadcast": (mistake(OVERLAPPED, "            dist.broadcast(tensor.data, src=0)", "            pass"),
+                         "nothing was broadcast"),
+        "wait at once": (mistake(OVERLAPPED, "            self.pending.append((param, dist.all_reduce(param.grad, "
+                                             "async_op=True)))",
+                                 "            work = dist.all_reduce(param.grad, async_op=True)\n"
+                                 "            work.wait()\n            self.pending.append((param, work))"),
+                         "waited for right after it was launched"),
+        "after backward": (mistake(mistake(OVERLAPPED, "            self.pending.append((param, dist.all_reduce("
+                                                       "param.grad, async_op=True)))",
+                                           "            self.pending.append((param, None))"),
+                                   "            work.wait()", "            dist.all_reduce(param.grad)"),
+                           "after backward had ended"),
+        "hooked twice": (mistake(OVERLAPPED, "        for param in module.parameters():\n",
+                                 "        for param in [p for sub in module.modules() for p in sub.parameters()]:\n"),
+                         "a gradient was sent more than once"),
+    }[case]
+    assert said in diagnosis(tmp_path, "overlapped-ddp", wrong)
+
+
+@pytest.mark.slow
+def test_a_rank_that_skips_a_collective_is_named_at_the_time_limit(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(harness, "COLLECTIVE_TIMEOUT", 3.0)
+    skipping = mistake(OVERLAPPED, "        if self.syncing:\n",
+                       "        if self.syncing and not (dist.get_rank() == 1 and param.dim() == 1):\n")
+    said = diagnosis(tmp_path, "overlapped-ddp", skipping)
+    assert "rank(s) [1] never launched collective" in said or "differs between ranks" in said, said
+    assert "backward 1" in said
+
+
+@pytest.mark.slow
+def test_bucketed_ddp_passes_and_counts_its_messages(tmp_path: Path) -> None:
+    assert "2 all-reduces per step of [195, 84] numbers" in exercises.run("bucketed-ddp", write(tmp_path, BUCKETED),
+                                                                         nproc=2)
+    per_parameter = mistake(BUCKETED, "            if size >= cap:", "            if size > 0:")
+    assert "one all-reduce per parameter" in diagnosis(tmp_path, "bucketed-ddp", per_parameter)
+
+
+@pytest.mark.slow
+def test_the_sharded_optimizer_passes_and_weighs_each_ranks_state(tmp_path: Path) -> None:
+    verdict = exercises.run("sharded-optimizer", write(tmp_path, SHARDED), nproc=2)
+    assert "together = one card's" in verdict
+    everything = mistake(SHARDED, "if self.owner[p] == rank]", "]")
+    assert "every rank holds the whole optimizer state" in diagnosis(tmp_path, "sharded-optimizer", everything)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["right", "off by one", "bf16 masters"])
+def test_hand_fsdp_passes_and_names_the_mistake(tmp_path: Path, case: str) -> None:
+    if case == "right":
+        assert "gathered again in backward" in exercises.run("hand-fsdp", write(tmp_path, FSDP), nproc=2)
+        return
+    wrong, said = {
+        "off by one": (mistake(mistake(FSDP, "per_rank = -(-param.numel() // world)", "per_rank = param.numel() // world"),
+                               "flat[:param.numel()] = param.detach().reshape(-1)",
+                               "flat[:] = param.detach().reshape(-1)[:flat.numel()]"),
+                       "do not divide"),
+        "bf16 masters": (mistake(FSDP, "flat[rank * per_rank:(rank + 1) * per_rank].clone()",
+                                 "flat[rank * per_rank:(rank + 1) * per_rank].clone().to(compute_dtype or flat.dtype)"),
+                         "the masters"),
+    }[case]
+    assert said in diagnosis(tmp_path, "hand-fsdp", wrong)
+
+
+def solution_cells() -> list[tuple[str, str]]:
+    """(lesson, cell text) of every hidden solution cell that checks a build exercise."""
+    return [(path.stem, source(cell)) for path in NOTEBOOKS for cell in cells(path)
+            if cell["cell_type"] == "code" and source(cell).startswith("%%solution")
+            and "exercises.solution_file()" in source(cell)]
+
+
+def test_the_lessons_solution_cells_are_the_reference_solutions() -> None:
+    for lesson, text in solution_cells():
+        tree = ast.parse(text.partition("\n")[2])
+        body = text.partition("\n")[2]
+        for node in tree.body:
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
+                assert ast.get_source_segment(body, node) == inspect.getsource(getattr(solutions, node.name)
+                                                                               if hasattr(solutions, node.name)
+                                                                               else getattr(sharding, node.name)
+                                                                               ).rstrip("\n"), (lesson, node.name)
