@@ -52,7 +52,8 @@ PACKAGE_CATALOG = PACKAGE / "locale" / "zh_CN" / "LC_MESSAGES" / "fourcard_helpe
 # What the lessons' code reads or writes beside the notebook (scripts it saves and runs, measured
 # records, the capstone's model files): a Chinese notebook finds them through these links, so
 # that its code cells are the English ones, character for character.
-SHARED_WITH_ENGLISH = ("scripts", "measured", "crash_once.py", "mnist_recipe.py", "my_model.py", "slow_epochs.py")
+SHARED_WITH_ENGLISH = ("scripts", "measured", "crash_once.py", "mnist_recipe.py", "my_model.py", "slow_epochs.py",
+                       "my_ring.py")  # and the files the build exercises' skeleton cells write
 HEADER = {
     "Project-Id-Version": "Four Cards",
     "Language": "zh_CN",

@@ -4,6 +4,10 @@ Each is also the text of its lesson's hidden solution cell (tests/test_exercises
 and each is compared with PyTorch's own implementation in tests/test_solutions.py.
 """
 from .ddp import BucketedDDP, OverlappedDDP
+from .pipeline import one_f_one_b
+from .ring import ring_all_reduce
 from .sharding import HandFSDP, ShardedOptimizer
+from .tensor_parallel import ColumnParallelLinear, CopyToShards, ReduceFromShards, RowParallelLinear
 
-__all__ = ["OverlappedDDP", "BucketedDDP", "ShardedOptimizer", "HandFSDP"]
+__all__ = ["OverlappedDDP", "BucketedDDP", "ShardedOptimizer", "HandFSDP", "ring_all_reduce", "one_f_one_b",
+           "CopyToShards", "ReduceFromShards", "ColumnParallelLinear", "RowParallelLinear"]

@@ -1,0 +1,61 @@
+"""Lesson 07's build exercise, the 1F1B schedule with send/recv: the reference passes, and each mistake is
+named from what the stages did (real torchrun launches on gloo)."""
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import pytest
+
+from fourcard_helpers.check import CheckFailed
+from fourcard_helpers.exercises import pipeline
+from fourcard_helpers.solutions import pipeline as reference
+
+SOLUTION = inspect.getsource(reference)
+
+
+def changed(old: str, new: str) -> str:
+    assert SOLUTION.count(old) == 1, old   # the mistake is the reference with this one change
+    return SOLUTION.replace(old, new)
+
+
+GPIPE = changed("    warmup = min(world - 1 - rank, micro_batches)", "    warmup = micro_batches")
+UNSCALED = changed("y = loss_fn(y, ts[i]) / micro_batches", "y = loss_fn(y, ts[i])")
+SKIPPED_SEND = changed("        if not first:\n            sends.append(dist.isend(x.grad, rank - 1))",
+                       "        if not first and i < micro_batches - 1:\n"
+                       "            sends.append(dist.isend(x.grad, rank - 1))")
+SKELETON = SOLUTION.replace('    """One training step', '    raise NotImplementedError\n    """One training step')
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "my_pipeline.py"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_cases_have_more_and_fewer_micro_batches_than_stages():
+    for stages in (2, 3, 4):
+        assert max(pipeline.cases(stages)) > stages and min(pipeline.cases(stages)) < stages
+
+
+def test_skeleton_is_not_attempted_without_a_launch(tmp_path):
+    with pytest.raises(NotImplementedError):
+        pipeline.check(write(tmp_path, SKELETON), nproc=2)
+
+
+@pytest.mark.slow
+def test_reference_passes_in_1f1b_order(tmp_path):
+    verdict = pipeline.check(write(tmp_path, SOLUTION), nproc=4)
+    assert "at most [4, 3, 2, 1] micro-batches' activations" in verdict
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("text, named", [
+    (GPIPE, "stage 0 runs every forward before any backward (GPipe's order): with 4 micro-batches it holds 4"),
+    (UNSCALED, "every gradient is exactly 4 × one card's"),
+    (SKIPPED_SEND, "stage 0 waits for gradient number 4 from stage 1, which posted only 3 sends to it"),
+], ids=["gpipe-order", "not-scaled", "skipped-send"])
+def test_each_mistake_is_named(tmp_path, text, named):
+    with pytest.raises(CheckFailed, match=named.replace("(", r"\(").replace(")", r"\)")) as failure:
+        pipeline.check(write(tmp_path, text), nproc=2, seconds=3.0)
+    print(failure.value)

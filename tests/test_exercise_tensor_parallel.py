@@ -1,0 +1,61 @@
+"""Lesson 08's build exercise, f and g as autograd functions and the column- and row-parallel layers:
+the reference passes, and each mistake is named from the numbers the ranks found (real torchrun, gloo)."""
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import pytest
+
+from fourcard_helpers.check import CheckFailed
+from fourcard_helpers.exercises import tensor_parallel
+from fourcard_helpers.solutions import tensor_parallel as reference
+
+SOLUTION = inspect.getsource(reference)
+
+
+def changed(old: str, new: str) -> str:
+    assert SOLUTION.count(old) == 1, old   # the mistake is the reference with this one change
+    return SOLUTION.replace(old, new)
+
+
+BOTH_DIRECTIONS = changed("    def backward(ctx, grad):\n        return grad\n",
+                          "    def backward(ctx, grad):\n        grad = grad.contiguous()\n"
+                          "        dist.all_reduce(grad)\n        return grad\n")
+NO_BACKWARD_REDUCE = changed("        grad = grad.contiguous()\n        dist.all_reduce(grad)\n        return grad\n",
+                             "        return grad\n")
+WRONG_DIMENSION = changed("dense.weight.detach().chunk(world, dim=0)[rank]", "dense.weight.detach().chunk(world, dim=1)[rank]")
+BIAS_ON_EVERY_RANK = changed("return ReduceFromShards.apply(F.linear(x_slice, self.weight)) + self.bias",
+                             "return ReduceFromShards.apply(F.linear(x_slice, self.weight, self.bias))")
+SKELETON = SOLUTION.replace("        return F.linear(CopyToShards.apply(x), self.weight, self.bias)",
+                            "        raise NotImplementedError")
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "my_tensor_parallel.py"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_skeleton_is_not_attempted_without_a_launch(tmp_path):
+    with pytest.raises(NotImplementedError):
+        tensor_parallel.check(write(tmp_path, SKELETON), nproc=2)
+
+
+@pytest.mark.slow
+def test_reference_passes_with_one_all_reduce_each_way(tmp_path):
+    verdict = tensor_parallel.check(write(tmp_path, SOLUTION), nproc=4)
+    assert "one all_reduce of 5 × 12 numbers forward and one backward" in verdict
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("text, named", [
+    (BOTH_DIRECTIONS, "exactly 2 × the dense ones"),
+    (NO_BACKWARD_REDUCE, "each rank's gradient of x is a partial sum"),
+    (WRONG_DIMENSION, "your ColumnParallelLinear keeps weight (16, 6)"),
+    (BIAS_ON_EVERY_RANK, "plus exactly 1 × fc2's bias"),
+], ids=["all-reduce-both-ways", "no-backward-all-reduce", "wrong-dimension", "bias-on-every-rank"])
+def test_each_mistake_is_named(tmp_path, text, named):
+    with pytest.raises(CheckFailed, match=named.replace("(", r"\(").replace(")", r"\)")) as failure:
+        tensor_parallel.check(write(tmp_path, text), nproc=2)
+    print(failure.value)
