@@ -8,7 +8,7 @@ stays whole (gradient all-reduced in `finish()`). `full_parameters()` gives ever
 name. With `compute_dtype`, weights are gathered and used in it while the masters stay float32.
 
 The ranks train a model with sizes no number of ranks divides for three SGD steps in float64 beside
-one card, then one step of a float32 copy under bf16. The check weighs what each rank holds between
+one card, then a forward and a backward of a float32 copy under bf16. The check weighs what each rank holds between
 uses (the point: a 1/N shard of each weight, no whole weight), reads the collectives of backward
 (the weights gathered again), compares full_parameters() with one card's, and reads the dtypes.
 """
@@ -87,7 +87,7 @@ def check(path: Path, nproc: int = 4) -> str:
                             "and use the weights in the compute dtype.").format(seen=seen))
     held = reports[0]["held_bytes"]
     return _("{n} ranks: between uses each rank holds {held} bytes of parameters (shards of {shares} numbers, "
-             "padded, and the {whole} whole ones; one card: {full}); every weight gathered again in backward; after "
+             "padded, and the {whole} numbers of the whole parameters; one card: {full}); every weight gathered again in backward; after "
              "{steps} SGD steps in float64 full_parameters() equals one card's to {gap:.1e}; under bf16, float32 "
              "masters and bf16 weights in forward.").format(
         n=nproc, held=held, shares=sorted(shares.values()), whole=WHOLE, full=reports[0]["full_bytes"],
