@@ -1,0 +1,96 @@
+"""Lesson 14's build exercises: ring attention's forward, from send/recv and the online softmax. The reference
+passes, and each mistake a learner makes is named from what the ranks saw (real torchrun launches on gloo)."""
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import pytest
+
+from fourcard_helpers.check import CheckFailed
+from fourcard_helpers.exercises import ring_attention
+from fourcard_helpers.solutions import attention
+
+RING = inspect.getsource(attention)
+
+
+def mistake(text: str, old: str, new: str) -> str:
+    assert old in text, old
+    return text.replace(old, new)
+
+
+NOT_RESCALED = mistake(RING, "out = out * rescale + weights @ kv[1]", "out = out + weights @ kv[1]")
+
+SKIPS_A_SEND = mistake(RING, "sending = dist.isend(kv, right)",
+                       "sending = dist.isend(kv, right) if rank or step else None")
+SKIPS_A_SEND = mistake(SKIPS_A_SEND, "sending.wait()", "sending and sending.wait()")
+
+AVERAGED = '''import torch
+import torch.distributed as dist
+
+
+def ring_attention(q, k, v):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    kv, outs = torch.stack([k, v]), []
+    for step in range(world):
+        scores = q @ kv[0].transpose(-2, -1) / q.shape[-1] ** 0.5
+        outs.append(torch.softmax(scores, -1) @ kv[1])     # each block's own attention...
+        if step < world - 1:
+            incoming = torch.empty_like(kv)
+            sending = dist.isend(kv, (rank + 1) % world)
+            dist.recv(incoming, (rank - 1) % world)
+            sending.wait()
+            kv = incoming
+    return sum(outs) / world                              # ...averaged
+'''
+
+GATHERED = '''import torch
+import torch.distributed as dist
+
+
+def ring_attention(q, k, v):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mine = torch.stack([k, v])
+    blocks = [mine if r == rank else torch.empty_like(mine) for r in range(world)]
+    sends = [dist.isend(mine, r) for r in range(world) if r != rank]
+    receives = [dist.irecv(blocks[r], r) for r in range(world) if r != rank]
+    for request in sends + receives:
+        request.wait()
+    kv = torch.cat(blocks, dim=2)                         # the whole sequence's keys and values
+    return torch.softmax(q @ kv[0].transpose(-2, -1) / q.shape[-1] ** 0.5, -1) @ kv[1]
+'''
+
+SKELETON = "import torch\nimport torch.distributed as dist\n\n\ndef ring_attention(q, k, v):\n" \
+           "    # your code here\n    raise NotImplementedError\n"
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "my_ring_attention.py"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_ring_attention_skeleton_is_not_attempted_without_a_launch(tmp_path: Path) -> None:
+    with pytest.raises(NotImplementedError, match="ring_attention"):
+        ring_attention.check(write(tmp_path, SKELETON), nproc=2)
+
+
+@pytest.mark.slow
+def test_ring_attention_reference_passes_and_counts_the_blocks(tmp_path: Path) -> None:
+    verdict = ring_attention.check(write(tmp_path, RING), nproc=4)
+    block = 2 * ring_attention.HEADS * ring_attention.BLOCK * ring_attention.HEAD_DIM * 8
+    assert "all 4 ranks" in verdict and f"3 blocks of keys and values of {block:,} B" in verdict
+    assert "at most 2 received blocks" in verdict
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("text, nproc, named", [
+    (AVERAGED, 2, "each equals the plain average of the 2 blocks' own attention outputs"),
+    (NOT_RESCALED, 2, "exactly those whose largest score rose after the first block"),
+    (SKIPS_A_SEND, 2, r"Rank\(s\) \[0\] posted 0 send\(s\) where the other ranks posted 1"),
+    (GATHERED, 4, r"sent to rank\(s\) \[.*, .*\], and held 3 received blocks at once"),
+], ids=["averaged", "not-rescaled", "skips-a-send", "gathered"])
+def test_ring_attention_names_each_mistake(tmp_path: Path, text: str, nproc: int, named: str) -> None:
+    with pytest.raises(CheckFailed, match=named) as failure:
+        ring_attention.check(write(tmp_path, text), nproc=nproc, seconds=3.0)
+    print(failure.value)
