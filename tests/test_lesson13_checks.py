@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fourcard_helpers import check
-from fourcard_helpers.gpt import GPT, GPTConfig, poem_tokens
+from fourcard_helpers.gpt import GPT, GPTConfig, get_batch, poem_tokens
 from test_lesson12_exercise import definitions
 from test_notebooks import NOTEBOOKS, cells, source
 
@@ -99,3 +99,47 @@ def test_every_wrong_sampler_fails(check_top_k, sampler) -> None:
     with pytest.raises(check.CheckFailed) as failure:
         check_top_k(sampler)
     print(sampler.__name__, failure.value)
+
+
+def _function_and_constants(marker: str, function: str, constants_marker: str) -> str:
+    """The named function's definition from the cell holding `marker`, and the `ULPS, FACTOR = ...` line before it."""
+    import ast
+
+    text = code_cell(marker)
+    node = next(n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef) and n.name == function)
+    constants = next(line for line in code_cell(constants_marker).splitlines() if line.startswith("ULPS, FACTOR ="))
+    return constants + "\n" + ast.get_source_segment(text, node) + "\n"
+
+
+def _gradients(dtype: torch.dtype) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Lesson 13's first step on one card: the whole batch's gradient, and each quarter's (every parameter in one
+    vector)."""
+    tokens, chars = poem_tokens()
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=len(chars))).to(dtype)
+    x, y = get_batch(tokens, 32, 64, torch.Generator().manual_seed(0))
+    vectors = []
+    for inputs, targets in [(x, y), *zip(x.chunk(4), y.chunk(4))]:
+        model.zero_grad()
+        model(inputs, targets)[1].backward()
+        vectors.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    return vectors[0], vectors[1:]
+
+
+def test_the_gradient_check_passes_an_average_and_fails_a_sum() -> None:
+    """Section 3's check of a parallel run's first gradient: the quarters averaged (DDP's sum, in another order than
+    the control's) pass; the quarters summed fail, in float64 and in float32 alike, each on its own."""
+    whole, quarters = {}, {}
+    for name in ("float64", "float32"):
+        whole[name], quarters[name] = _gradients(getattr(torch, name))
+    add = lambda name, order, divide: sum(quarters[name][q] / divide for q in order).double()
+    ns = {"torch": torch, "first_gradient": {name: g.double() for name, g in whole.items()},
+          "gradient_control": (add("float32", (3, 2, 1, 0), 4) - whole["float32"].double()).abs().max().item()}
+    exec(_function_and_constants("def assert_one_card_gradient(", "assert_one_card_gradient", "def train_one_card("),  # noqa: S102
+         ns)
+    check_gradient = ns["assert_one_card_gradient"]
+    averaged = {name: add(name, (0, 1, 2, 3), 4) for name in whole}
+    check_gradient(averaged, "averaged")
+    for name in whole:
+        with pytest.raises(AssertionError, match=name):
+            check_gradient({**averaged, name: add(name, (0, 1, 2, 3), 1)}, "summed")

@@ -1,6 +1,8 @@
 """Lesson 13's GPT with DDP on four cards: each rank takes its quarter of the same batches of windows. Reports the
-weights after --steps AdamW steps in each of --dtypes, and each rank's loss at every step; --save DIR keeps the model."""
+first step's gradient and the weights after --steps AdamW steps in each of --dtypes, each rank's loss at every step,
+and DDP's buckets in one step under bf16 autocast; --save DIR keeps the model."""
 import argparse, os, sys, torch, torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 from fourcard_helpers import detect, report
 from fourcard_helpers.gpt import GPT, GPTConfig, get_batch, poem_tokens
@@ -20,7 +22,7 @@ if cards.kind == "cuda":
 tokens, chars = poem_tokens()
 config = GPTConfig(vocab_size=len(chars))
 mine = slice(rank * args.batch // world, (rank + 1) * args.batch // world)   # this rank's quarter of each batch
-weights, losses = {}, []
+weights, gradients, losses = {}, {}, []
 for dtype in args.dtypes.split(","):
     torch.manual_seed(0)                                      # one card's initial weights, on every rank
     model = DDP(GPT(config).to(device, getattr(torch, dtype)), device_ids=[device] if cards.kind == "cuda" else None)
@@ -32,12 +34,24 @@ for dtype in args.dtypes.split(","):
         _, loss = model(x[mine].to(device), y[mine].to(device))
         optimizer.zero_grad()
         loss.backward()                                       # DDP averages the four gradients
+        if step == 0:
+            gradients[dtype] = torch.cat([p.grad.flatten().cpu() for p in model.module.parameters()])
         optimizer.step()
         losses.append(loss.item())                            # the mean loss of this rank's quarter
     weights[dtype] = torch.cat([p.detach().flatten().cpu() for p in model.module.parameters()])
+buckets = []                                                  # one step under bf16 autocast: what DDP sends
+def noted(state, bucket):                                     # a comm hook: note each bucket, then DDP's own all-reduce
+    buckets.append((str(bucket.buffer().dtype), bucket.buffer().nbytes))
+    return allreduce_hook(state, bucket)
+mixed = DDP(GPT(config).to(device), device_ids=[device] if cards.kind == "cuda" else None)   # float32 parameters
+mixed.register_comm_hook(None, noted)
+with torch.autocast(device.type, dtype=torch.bfloat16):
+    _, loss = mixed(x[mine].to(device), y[mine].to(device))
+loss.backward()
 if args.save and rank == 0:
     os.makedirs(args.save, exist_ok=True)                     # bf16 halves the file; the tie is kept
     torch.save(model.module.to("cpu", torch.bfloat16).state_dict(), os.path.join(args.save, "model.pt"))
-report(weights=weights if rank == 0 else None, losses=losses)  # every rank holds the same weights: one sends them
+report(weights=weights if rank == 0 else None, gradients=gradients if rank == 0 else None, losses=losses,
+       buckets=buckets, autocast_gradients=sorted({str(p.grad.dtype) for p in mixed.parameters()}))
 dist.destroy_process_group()
 sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)

@@ -1,7 +1,8 @@
 """Lesson 13's GPT with FSDP2 on four cards: every block, then the whole model, sharded; every block recomputed in
 backward. Float32 against bf16 mixed precision (fp32 shards, bf16 compute, fp32 gradient reduction) and against
 float32 on other batches (the yardstick); float64 for 4 steps, to compare with one card. Reports the losses, the loss
-on a fixed batch after every step, the bytes of the model states each rank holds, and the float64 weights."""
+on a fixed batch after every step, the bytes of the model states each rank holds, the float64 weights, and the first
+step's gradient in float32 and float64."""
 import os, sys, torch, torch.distributed as dist, torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
@@ -39,6 +40,8 @@ for run, policy, dtype, data_seed, steps in (("float32", MixedPrecisionPolicy(),
         x, y = get_batch(tokens, BATCH, config.block_size, data)
         _, loss = model(x[mine].to(device), y[mine].to(device))
         loss.backward()
+        if step == 0 and run in ("float32", "float64"):             # the first step's gradient, whole (every rank)
+            first = torch.cat([p.grad.full_tensor().flatten().cpu() for p in model.parameters()])
         held = {"parameters": sum(p.to_local().nbytes for p in model.parameters()),   # this rank's shards
                 "gradients": sum(p.grad.to_local().nbytes for p in model.parameters())}
         dtypes = sorted({f"{kind}: {t.dtype}" for p in model.parameters() for kind, t in (("shards", p), ("gradients", p.grad))})
@@ -53,7 +56,8 @@ for run, policy, dtype, data_seed, steps in (("float32", MixedPrecisionPolicy(),
     weights = torch.cat([p.full_tensor().detach().flatten().cpu() for p in model.parameters()])   # every rank gathers
     runs[run] = {"losses": losses, "fixed": fixed, "held": held, "dtypes": dtypes,
                  "shards": sum(p.to_local().numel() for p in model.parameters()),
-                 "weights": weights if run == "float64" and rank == 0 else None}
+                 "weights": weights if run == "float64" and rank == 0 else None,
+                 "gradient": first if run in ("float32", "float64") and rank == 0 else None}
 report(**runs)
 dist.destroy_process_group()
 sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)

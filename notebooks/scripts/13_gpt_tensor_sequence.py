@@ -1,5 +1,4 @@
-"""Lesson 13's GPT on a 2 × 2 mesh: data parallel over `dp` × tensor + sequence parallel over `tp`. Reports the weights
-after 4 AdamW steps in float64 and float32, and every collective of the last step: (what, bytes of the whole tensor)."""
+"""Lesson 13's GPT on a 2 × 2 mesh (dp × tp + sequence): first gradients, weights after 4 steps, last step's collectives."""
 import os, sys, torch, torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
@@ -31,7 +30,8 @@ BLOCK = {"attention_norm": SequenceParallel(), "mlp_norm": SequenceParallel(),  
          **{name: PrepareModuleInput(input_layouts=halves, desired_input_layouts=whole) for name in ("attention", "mlp")},
          **{name: ColwiseParallel() for name in ("attention.wq", "attention.wk", "attention.wv", "mlp.w1")},
          **{name: RowwiseParallel(output_layouts=Shard(1)) for name in ("attention.wo", "mlp.w2")}}
-weights = {}
+results = {}                                     # per dtype: the first step's gradient and the last weights, whole
+gathered = lambda ts: torch.cat([(t.full_tensor() if isinstance(t, DTensor) else t).detach().cpu().flatten() for t in ts])
 for dtype in (torch.float64, torch.float32):
     torch.manual_seed(0)
     model = GPT(config).to(device, dtype)
@@ -56,10 +56,10 @@ for dtype in (torch.float64, torch.float32):
                 local = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
                 dist.all_reduce(local, group=mesh.get_group("dp"))  # data parallel: average over the dp pair
                 local /= 2
+            first = gathered(p.grad for p in model.parameters()) if step == 0 else first   # every rank gathers
             optimizer.step()                                # counted too: it must send nothing
-    whole_weights = [p.full_tensor() if isinstance(p, DTensor) else p for p in model.parameters()]   # every rank
-    weights[str(dtype).removeprefix("torch.")] = torch.cat([w.detach().flatten().cpu() for w in whole_weights])
-report(weights=weights if dist.get_rank() == 0 else None, collectives=counted.seen,
+    results[str(dtype).removeprefix("torch.")] = {"gradient": first, "weights": gathered(model.parameters())}
+report(results=results if dist.get_rank() == 0 else None, collectives=counted.seen,
        local_parameters=sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in model.parameters()))
 dist.destroy_process_group()
 sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
