@@ -61,6 +61,10 @@ def test_a_skeleton_is_not_attempted_without_a_launch(tmp_path: Path) -> None:
     with pytest.raises(CheckFailed, match="does not define OverlappedDDP"):
         harness.skeleton(write(tmp_path, HEADER), ("OverlappedDDP",))
     harness.skeleton(write(tmp_path, OVERLAPPED), ("OverlappedDDP",))  # the reference is no skeleton
+    own = mistake(OVERLAPPED, "        self.module = module\n",
+                  "        self.module = module\n        if not dist.is_initialized():\n"
+                  "            raise NotImplementedError(\"one process: nothing to average\")\n")
+    harness.skeleton(write(tmp_path, own), ("OverlappedDDP",))  # a learner's own error, with its message
 
 
 def test_a_skipped_collective_is_named_from_the_traces() -> None:

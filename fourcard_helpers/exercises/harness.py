@@ -35,8 +35,9 @@ class Result:
 
 
 def skeleton(path: Path, defines: Sequence[str]) -> None:
-    """Raise NotImplementedError if a required definition still says `raise NotImplementedError`
-    (in its body or one of its methods), CheckFailed if the file lacks one or does not parse."""
+    """Raise NotImplementedError if a required definition still says a bare `raise NotImplementedError`
+    (in its body or one of its methods: the skeleton's placeholder; one with a message is the learner's
+    own), CheckFailed if the file lacks one or does not parse."""
     text = Path(path).read_text(encoding="utf-8")
     try:
         tree = ast.parse(text)
@@ -52,8 +53,10 @@ def skeleton(path: Path, defines: Sequence[str]) -> None:
     for name in defines:
         for node in ast.walk(found[name]):
             if isinstance(node, ast.Raise) and node.exc is not None:
-                raised = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
-                if isinstance(raised, ast.Name) and raised.id == "NotImplementedError":
+                call = isinstance(node.exc, ast.Call)
+                raised = node.exc.func if call else node.exc
+                bare = not call or not (node.exc.args or node.exc.keywords)
+                if bare and isinstance(raised, ast.Name) and raised.id == "NotImplementedError":
                     raise NotImplementedError(_("{name} in {path} still raises NotImplementedError (line {line})."
                                                 ).format(name=name, path=Path(path).name, line=node.lineno))
 
