@@ -94,3 +94,42 @@ def test_ring_attention_names_each_mistake(tmp_path: Path, text: str, nproc: int
     with pytest.raises(CheckFailed, match=named) as failure:
         ring_attention.check(write(tmp_path, text), nproc=nproc, seconds=3.0)
     print(failure.value)
+
+
+# Expert dispatch: the counts, the tokens (uneven splits), each card's experts, and the way back.
+from fourcard_helpers.exercises import expert_dispatch  # noqa: E402
+from fourcard_helpers.solutions import experts  # noqa: E402
+
+DISPATCH = inspect.getsource(experts)
+
+NO_COUNTS = mistake(DISPATCH, "    dist.all_to_all_single(received, send)  ",
+                    "    received = send.clone()  ")
+WRONG_ORDER = mistake(DISPATCH, "    out = torch.empty_like(x)\n    out[order] = weight[order, None] * results",
+                      "    out = weight[order, None] * results")
+WRONG_DIMENSION = mistake(DISPATCH, "to_rank = send.view(world, per_rank).sum(1)",
+                          "to_rank = send.view(world, per_rank).sum(0)")
+WRONG_DIMENSION = mistake(WRONG_DIMENSION, "from_rank = received.view(world, per_rank).sum(1)",
+                          "from_rank = received.view(world, per_rank).sum(0)")
+SKIPS_THE_COUNTS = mistake(DISPATCH, "    dist.all_to_all_single(received, send)  ",
+                           "    if rank != 1:\n        dist.all_to_all_single(received, send)  ")
+ALL_AT_HOME = "import torch\nimport torch.distributed as dist\n\n\ndef expert_dispatch(moe, x):\n    return moe(x)\n"
+
+
+@pytest.mark.slow
+def test_expert_dispatch_reference_passes_and_weighs_the_rows_that_leave(tmp_path: Path) -> None:
+    verdict = expert_dispatch.check(write(tmp_path, DISPATCH), nproc=4)
+    assert "all 4 ranks" in verdict and "rank 0, 48 B of counts" in verdict   # 3 other cards × 2 experts × 8 B
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("text, named", [
+    (NO_COUNTS, "the tokens went out with no exchange of counts"),
+    (WRONG_ORDER, "the output is permuted, in the order the tokens were sorted by expert"),
+    (WRONG_DIMENSION, "summed over the wrong dimension"),
+    (SKIPS_THE_COUNTS, r"rank\(s\) \[1\] never launched|differs between ranks"),
+    (ALL_AT_HOME, r"rank 0 ran experts \[4, 5, 6, 7\], which live on other cards"),
+], ids=["no-counts", "wrong-order", "wrong-dimension", "skips-the-counts", "all-at-home"])
+def test_expert_dispatch_names_each_mistake(tmp_path: Path, text: str, named: str) -> None:
+    with pytest.raises(CheckFailed, match=named) as failure:
+        expert_dispatch.check(write(tmp_path, text), nproc=2, seconds=3.0)
+    print(failure.value)
