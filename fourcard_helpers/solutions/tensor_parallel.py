@@ -45,7 +45,8 @@ class ColumnParallelLinear(torch.nn.Module):
         self.bias = torch.nn.Parameter(dense.bias.detach().chunk(world, dim=0)[rank].clone())
 
     def forward(self, x):
-        return F.linear(CopyToShards.apply(x), self.weight, self.bias)   # this rank's slice of the outputs
+        # this rank's slice of the outputs
+        return F.linear(CopyToShards.apply(x), self.weight, self.bias)
 
 
 class RowParallelLinear(torch.nn.Module):
@@ -58,4 +59,5 @@ class RowParallelLinear(torch.nn.Module):
         self.bias = torch.nn.Parameter(dense.bias.detach().clone())
 
     def forward(self, x_slice):
-        return ReduceFromShards.apply(F.linear(x_slice, self.weight)) + self.bias   # the bias after the sum
+        # the partial sums added over the ranks, then the bias, once
+        return ReduceFromShards.apply(F.linear(x_slice, self.weight)) + self.bias

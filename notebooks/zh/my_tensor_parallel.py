@@ -1,0 +1,1 @@
+../my_tensor_parallel.py
