@@ -1,0 +1,1 @@
+../my_expert_dispatch.py

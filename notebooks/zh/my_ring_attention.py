@@ -1,0 +1,1 @@
+../my_ring_attention.py
