@@ -23,7 +23,7 @@ LESSON = "14"
 TITLE = "Expert parallel by hand: the counts, the tokens and the way back, by all-to-alls"
 DEFINES = ("expert_dispatch",)
 WIDTH, EXPERTS, TOKENS = 16, 8, 64   # the layer's width and experts, and each rank's tokens
-LIMIT_SECONDS = 10.0                 # the collectives' time limit in this check (a working layer takes milliseconds)
+LIMIT_SECONDS = 10.0                 # the learner's collectives' time limit (a working layer takes milliseconds)
 TOLERANCE = 1e-12                    # float64: a correct layer differs from one card by rounding only
 
 
@@ -130,14 +130,17 @@ def check(path: Path, nproc: int = 4, seconds: float = LIMIT_SECONDS) -> str:
     from fourcard_helpers.exercises import harness
 
     harness.skeleton(path, DEFINES)
-    result = harness.launch(__file__, path, nproc, explain=_explain, collective_timeout=seconds)
+    result = harness.launch(__file__, path, nproc, explain=_explain, seconds=seconds)
     return _diagnose([result.reports[rank] for rank in range(nproc)], nproc)
 
 
 def _on_rank() -> None:
     """The ranks' side: run the learner's layer on this rank's tokens and report what it did."""
+    from datetime import timedelta
+
     import torch
     import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _set_pg_timeout
 
     from fourcard_helpers.exercises import _ranks
     from fourcard_helpers.moe import MoE
@@ -180,6 +183,8 @@ def _on_rank() -> None:
     ran = {e: 0 for e in range(EXPERTS)}
     for e, layer in enumerate(moe.experts):
         layer.register_forward_hook(lambda module, inputs, output, e=e: ran.__setitem__(e, ran[e] + len(inputs[0])))
+    dist.barrier()   # every rank is here, however slowly it started: from now on a collective waits `seconds` at most
+    _set_pg_timeout(timedelta(seconds=parameters["seconds"]))
     _ranks.phase("expert dispatch")
     with torch.no_grad():
         returned = learner.expert_dispatch(moe, x.clone())
