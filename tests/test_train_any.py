@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -244,3 +245,55 @@ def test_every_rank_stops_on_bad_input_and_one_says_why(workdir: Path, ddp_two_e
     again = run(workdir, None, "--model", "tiny:build_model", "--data", "tiny:build_datasets", "--strategy",
                 "single", "--checkpoint-dir", "ddp2", ok=False)
     assert "already holds checkpoints: pass --resume" in again
+
+
+@pytest.mark.slow  # starts ranks
+def test_a_stop_request_saves_that_step_and_the_resumed_run_ends_bit_for_bit_as_one_never_stopped(workdir: Path) -> None:
+    """The stop file, there from the start (as SLURM's warning would leave it): every rank stops after the first
+    optimizer step, saves it and exits cleanly; --resume goes on from the second step, through the rest of the
+    epoch (its batches, its dropout masks: the DataLoader's draw from the random generator replayed) to the end."""
+    straight = train(workdir, 2, "straight2", "--strategy", "ddp", "--epochs", "2")
+    stop = workdir / "stop-now"
+    stop.touch()
+    stopped = train(workdir, 2, "stopped2", "--strategy", "ddp", "--epochs", "2", "--stop-file", str(stop))
+    assert "asked to stop (found " in stopped and "saved epoch-0000-step-000001 after step 1 of 13 in epoch 1" in stopped
+    assert "epoch 1/2" not in stopped and not (workdir / "stopped2" / "model.pt").exists()
+    stop.unlink()  # what the batch file does when SLURM starts the requeued job
+    resumed = train(workdir, 2, "stopped2", "--strategy", "ddp", "--epochs", "2", "--stop-file", str(stop), "--resume")
+    assert "resumed from epoch-0000-step-000001, 0 of 2 epochs and 1 step done" in resumed
+    assert [row["train_loss"] for row in metrics(workdir, "stopped2")] == [row["train_loss"] for row in metrics(workdir, "straight2")]
+    a, b = weights(workdir, "straight2"), weights(workdir, "stopped2")
+    assert all(torch.equal(a[k], b[k]) for k in a)  # one bucket: DDP's re-layout after the first step changes no order
+    assert sorted(p.name for p in (workdir / "stopped2").glob("epoch-*")) == ["epoch-0002"] and "report from rank 0" in straight
+
+
+@pytest.mark.slow  # starts ranks
+def test_sigterm_to_torchrun_reaches_the_ranks_which_save_their_step_and_exit(workdir: Path) -> None:
+    """SLURM's SIGTERM (preemption, scancel) reaches each node's torchrun, which sends it on to its ranks: they
+    finish the step they are in, agree, save it and exit, before torchrun's 30 s of grace end in SIGKILL."""
+    env = {**os.environ, "FOURCARD_DEVICE": "cpu", "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "PYTHONUNBUFFERED": "1"}
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(SCRIPT), "--model",
+         "tiny:build_model", "--data", "tiny:build_datasets", "--batch-size", "8", "--epochs", "1000", "--checkpoint-dir",
+         "terminated"], cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, start_new_session=True)
+    lines = []
+    try:
+        for line in agent.stdout:
+            lines.append(line)
+            if line.startswith("epoch 1/1000"):  # the ranks are training (their handlers are in place)
+                agent.send_signal(signal.SIGTERM)
+                break
+        lines += agent.stdout.readlines()
+        agent.wait(timeout=120)
+    finally:
+        try:
+            os.killpg(agent.pid, signal.SIGKILL)  # anything left of the run (nothing, asserted below)
+            left = True
+        except ProcessLookupError:
+            left = False
+    output = "".join(lines)
+    assert not left, output[-2000:]
+    stop = re.search(r"asked to stop \(SIGTERM\): saved (epoch-\d{4}-step-\d{6}) after step", output)
+    assert stop, output[-3000:]
+    assert [p.name for p in (workdir / "terminated").glob("epoch-*")] == [stop[1]]  # the step saved, nothing after it

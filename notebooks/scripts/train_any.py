@@ -15,6 +15,13 @@ What the checkpoint folder holds, so that a crash costs at most one epoch and
     epoch-NNNN/       the latest finished epoch, written atomically (a .tmp folder, then renamed):
                       model and optimizer through torch.distributed.checkpoint (sharded for FSDP,
                       so 4 ranks can save and 2 load), meta.json, each rank's RNG state
+    epoch-NNNN-step-SSSSSS/  instead, when the training was asked to stop in the middle of an epoch:
+                      NNNN epochs and SSSSSS optimizer steps of the next one done
+
+Asked to stop (SIGTERM or SIGUSR1 to any rank, or --stop-file appearing, which lesson 12's SLURM
+batch file writes at the time-limit warning), the ranks agree at the next optimizer step (one
+all-reduce of a flag after every step), save that step's checkpoint and exit with status 0;
+--resume continues from the next step, as if never stopped.
     metrics.json      one object per epoch: epoch, train_loss, test_loss, test_accuracy, samples_per_s, seconds
     model.pt          the final weights as a plain state_dict, whatever the strategy:
                       model.load_state_dict(torch.load("model.pt", weights_only=True))
@@ -27,7 +34,9 @@ import os
 import random
 import re
 import shutil
+import signal
 import sys
+import threading
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -48,6 +57,8 @@ try:  # in the course's notebooks, results go back to the cell; anywhere else th
 except ImportError:
     def report(**values):
         print(f"report from rank {os.environ.get('RANK', '0')}: {json.dumps(values)}", flush=True)
+CHECKPOINT = r"epoch-\d{4}(-step-\d{6})?"  # a checkpoint folder's name
+
 try:
     from tqdm import tqdm
 except ImportError:
@@ -73,6 +84,8 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--checkpoint-dir", default="runs/train_any")
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint, if there is one")
+    parser.add_argument("--stop-file", help="when this file exists, save a checkpoint at the next step and stop "
+                                            "(as on SIGTERM or SIGUSR1); a finished training removes it")
     args = parser.parse_args(argv)
 
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
@@ -129,7 +142,7 @@ def main(argv=None):
     # The checkpoint names every tensor and its shape: resuming another model's folder must fail clearly.
     shapes = {name: list(value.shape) for name, value in model.state_dict().items()}
     folder = Path(args.checkpoint_dir)
-    finished = sorted(p for p in folder.glob("epoch-*") if re.fullmatch(r"epoch-\d{4}", p.name) and (p / "meta.json").is_file())
+    finished = sorted(p for p in folder.glob("epoch-*") if re.fullmatch(CHECKPOINT, p.name) and (p / "meta.json").is_file())
     latest = finished[-1] if finished else None
     if latest and not args.resume:
         fail(f"{folder} already holds checkpoints: pass --resume to continue them, or choose a new --checkpoint-dir")
@@ -139,6 +152,9 @@ def main(argv=None):
         fail(f"{latest} was written by another model ({len(differ)} tensors differ, e.g. {differ[0]!r}: "
              f"{meta['shapes'].get(differ[0])} there, {shapes.get(differ[0])} here). "
              f"Use a new --checkpoint-dir, or the --model that wrote it ({meta['model']}).")
+    if meta and meta.get("step") and meta["world"] != world:  # the rest of the epoch is each rank's share of it
+        fail(f"{latest} stopped in the middle of an epoch on {meta['world']} ranks; its epoch can only be finished "
+             f"on {meta['world']}: resume with {meta['world']} ranks, or from a finished epoch's checkpoint")
 
     # 2. Cards: GPUs with NCCL when there is one per rank, else CPU processes with gloo.
     wanted = os.environ.get("FOURCARD_DEVICE", "auto")
@@ -165,6 +181,33 @@ def main(argv=None):
         total = torch.tensor(values, dtype=torch.float64, device=device)
         dist.all_reduce(total)
         return total.tolist()
+
+
+    def set_rng(state):
+        torch.set_rng_state(state["torch"])
+        random.setstate(state["python"])
+        if on_gpu and state["cuda"] is not None:
+            torch.cuda.set_rng_state(state["cuda"])
+
+
+    # A request to stop early: SLURM's SIGTERM (preemption, scancel; torchrun passes its own on to its ranks),
+    # SIGUSR1, or the stop file. The handler only takes note: the ranks act on it together, between two steps.
+    asked = {"by": None}
+
+    def take_note(signum, frame):
+        asked["by"] = signal.Signals(signum).name
+
+    handled = (signal.SIGTERM, signal.SIGUSR1)
+    previous = {s: signal.signal(s, take_note) for s in handled} if threading.current_thread() is threading.main_thread() else {}
+
+
+    def stop_now():
+        """Whether any rank was asked to stop: one all-reduce, so that every rank stops after the same step.
+        Each node's first rank looks for the stop file: the node that wrote it sees it at once, even where
+        a shared file system shows other nodes a new file only seconds later."""
+        if asked["by"] is None and args.stop_file and local_rank == 0 and os.path.exists(args.stop_file):
+            asked["by"] = f"found {args.stop_file}"
+        return all_sum(float(asked["by"] is not None))[0] > 0
 
 
     # 3. Wrap the model for its strategy. Every rank built the same weights from the same seed.
@@ -214,35 +257,39 @@ def main(argv=None):
 
     # 5. Resume: model and optimizer through torch.distributed.checkpoint (it reshards FSDP's pieces
     #    for however many ranks load them), then the epoch and this rank's random number generators.
-    start_epoch, metrics = 0, []
+    start_epoch, start_step, start_loss, metrics, pending_rng = 0, 0, 0.0, [], None
     if meta:
         state = dict(zip(("model", "optimizer"), get_state_dict(model, optimizer)))
         dcp.load(state, checkpoint_id=latest)
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
-        start_epoch = meta["epoch"]
+        start_epoch, start_step = meta["epoch"], meta.get("step", 0)
         rng_file = latest / f"rng-rank{rank}.pt"
         if meta["world"] == world:
             rng = torch.load(rng_file, weights_only=True)
-            torch.set_rng_state(rng["torch"])
-            random.setstate(rng["python"])
-            if on_gpu and rng["cuda"] is not None:
-                torch.cuda.set_rng_state(rng["cuda"])
+            start_loss = rng.get("loss_sum", 0.0)  # this rank's loss so far in a stopped epoch
+            if start_step:  # in the middle of an epoch: after the epoch's DataLoader iterator has drawn its seed
+                pending_rng = rng
+            else:
+                set_rng(rng)
         elif rank == 0:
             print(f"train_any: saved on {meta['world']} ranks, resumed on {world}: weights and optimizer are exact, "
                   "the random streams (dropout, augmentation) start afresh", flush=True)
         if (folder / "metrics.json").is_file():
             metrics = [m for m in json.loads((folder / "metrics.json").read_text()) if m["epoch"] <= start_epoch]
         if rank == 0:
-            print(f"train_any: resumed from {latest.name}, {start_epoch} of {args.epochs} epochs done", flush=True)
+            steps_done = f" and {start_step} step{'s' * (start_step > 1)}" if start_step else ""
+            print(f"train_any: resumed from {latest.name}, {start_epoch} of {args.epochs} epochs{steps_done} done", flush=True)
     elif args.resume and rank == 0:
         print(f"train_any: no checkpoint in {folder} yet, starting fresh", flush=True)
     if not meta:
         torch.manual_seed(args.seed * 1000 + rank + 1)  # each rank its own stream (dropout, augmentation)
 
 
-    def save_checkpoint(epoch):
-        """Write epoch-NNNN.tmp, then rename it: a crash mid-save leaves the previous epoch intact."""
-        final, tmp = folder / f"epoch-{epoch:04d}", folder / f"epoch-{epoch:04d}.tmp"
+    def save_checkpoint(epoch, step=0, loss_sum=0.0):
+        """Write epoch-NNNN.tmp, then rename it: a crash mid-save leaves the previous epoch intact.
+        `step` > 0: `epoch` epochs and `step` optimizer steps of the next one are done (epoch-NNNN-step-SSSSSS)."""
+        name = f"epoch-{epoch:04d}" + (f"-step-{step:06d}" if step else "")
+        final, tmp = folder / name, folder / f"{name}.tmp"
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
@@ -250,19 +297,20 @@ def main(argv=None):
         model_state, optimizer_state = get_state_dict(model, optimizer)
         dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=tmp)
         rng = {"torch": torch.get_rng_state(), "python": random.getstate(),
-               "cuda": torch.cuda.get_rng_state() if on_gpu else None}
+               "cuda": torch.cuda.get_rng_state() if on_gpu else None, "loss_sum": loss_sum}
         torch.save(rng, tmp / f"rng-rank{rank}.pt")
         dist.barrier()
         if rank == 0:
-            meta = {"epoch": epoch, "sampler_epoch": epoch, "world": world, "strategy": args.strategy,
+            meta = {"epoch": epoch, "step": step, "sampler_epoch": epoch, "world": world, "strategy": args.strategy,
                     "model": args.model, "shapes": shapes}
             (tmp / "meta.json").write_text(json.dumps(meta))
             shutil.rmtree(final, ignore_errors=True)
             tmp.rename(final)
-            for old in folder.glob("epoch-*"):  # keep only the newest finished epoch
-                if old != final and re.fullmatch(r"epoch-\d{4}", old.name):
+            for old in folder.glob("epoch-*"):  # keep only the newest checkpoint
+                if old != final and re.fullmatch(CHECKPOINT, old.name):
                     shutil.rmtree(old)
         dist.barrier()
+        return name
 
 
     def write_atomically(path, save):
@@ -293,8 +341,17 @@ def main(argv=None):
         started = time.perf_counter()
         train_sampler.set_epoch(epoch)  # without it every epoch repeats the first epoch's shuffle
         model.train()
-        loss_sum = 0.0
-        for i, (x, y) in enumerate(tqdm(train_loader, desc=f"epoch {epoch + 1}", disable=rank != 0 or None)):
+        first, loss_sum, loader = 0, 0.0, train_loader
+        if epoch == start_epoch and start_step:  # the rest of a stopped epoch: its batches after the first start_step
+            first, loss_sum = start_step, start_loss
+            loader = DataLoader(train_set, batch_size=args.batch_size,
+                                sampler=list(train_sampler)[start_step * args.accumulate * args.batch_size:])
+        batches = iter(loader)  # draws one number from the random generator, as the uninterrupted run did
+        if pending_rng is not None:
+            set_rng(pending_rng)
+            pending_rng = None
+        bar = tqdm(batches, total=len(loader), desc=f"epoch {epoch + 1}", disable=rank != 0 or None)
+        for i, (x, y) in enumerate(bar, start=first * args.accumulate):
             x, y = x.to(device), y.to(device)
             group_start = i - i % args.accumulate
             group = min(args.accumulate, steps - group_start)  # the epoch's last group may be shorter
@@ -311,6 +368,15 @@ def main(argv=None):
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
             loss_sum += loss.item()
+            if last and stop_now():  # between two optimizer steps: no gradient half accumulated
+                done = i // args.accumulate + 1
+                name = save_checkpoint(epoch, step=done, loss_sum=loss_sum)
+                if rank == 0:
+                    print(f"train_any: asked to stop ({asked['by'] or 'by another rank'}): saved {name} after step "
+                          f"{done} of {updates_per_epoch} in epoch {epoch + 1}; --resume continues from it", flush=True)
+                for handled_signal, handler in previous.items():
+                    signal.signal(handled_signal, handler)
+                return  # every rank has passed the save's last barrier; the process ends below, group and all
         train_seconds = time.perf_counter() - started
 
         # Evaluate on every rank's share of the test set; sums over the ranks give the whole set.
@@ -328,7 +394,7 @@ def main(argv=None):
         assert counted == len(test_set), "every test sample is counted exactly once"
         metrics.append({"epoch": epoch + 1, "train_loss": loss_sum / (steps * world), "test_loss": test_loss / counted,
                         "test_accuracy": correct / counted,
-                        "samples_per_s": len(train_sampler) * world / train_seconds,  # padding repeats included: they are trained on
+                        "samples_per_s": len(loader.sampler) * world / train_seconds,  # padding repeats included: they are trained on
                         "seconds": time.perf_counter() - started})
         save_checkpoint(epoch + 1)
         if rank == 0:
@@ -342,6 +408,10 @@ def main(argv=None):
     weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if rank == 0:
         write_atomically(folder / "model.pt", lambda p: torch.save(weights, p))
+        if args.stop_file:
+            Path(args.stop_file).unlink(missing_ok=True)  # finished: a stop asked too late needs no second run
+    for handled_signal, handler in previous.items():
+        signal.signal(handled_signal, handler)
     report(strategy=args.strategy, world=world, device=device.type, **(metrics[-1] if metrics else {}))
     dist.destroy_process_group()
 
