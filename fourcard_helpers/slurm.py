@@ -212,8 +212,16 @@ def _write_claim(claim: Path, folder: Path, pid: int, new: bool) -> None:
 
 def _claim_job_ids(folder: Path) -> int:
     """Claim a block of job ids no other running practice cluster on this machine has, whoever runs it
-    (under the machine lock); held by this process until the controller runs, then by the controller."""
-    for first in (1 + JOB_ID_BLOCK * k for k in range(JOB_ID_BLOCKS)):
+    (under the machine lock); held by this process until the controller runs, then by the controller.
+    The blocks are taken in turn, after the one the last cluster took: a new cluster's first job does not get
+    the rendezvous port of the last cluster's first job, which may not be free yet."""
+    last = Path(tempfile.gettempdir()) / "fourcards-slurm-last-block"
+    try:
+        after = int(last.read_text())
+    except (OSError, ValueError):
+        after = JOB_ID_BLOCKS - 1
+    for k in ((after + 1 + i) % JOB_ID_BLOCKS for i in range(JOB_ID_BLOCKS)):
+        first = 1 + JOB_ID_BLOCK * k
         claim = _claim(first)
         if claim.exists():
             if _claim_holder(claim) is not None:
@@ -223,6 +231,12 @@ def _claim_job_ids(folder: Path) -> int:
             except OSError:
                 continue  # another user's stale claim, which only they (or root) may remove: leave that block
         _write_claim(claim, folder, os.getpid(), new=True)
+        try:
+            with os.fdopen(os.open(last, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666), "w") as out:
+                out.write(str(k))
+            last.chmod(0o666)  # every user's clusters take their turns from it (fails harmlessly if not ours)
+        except OSError:
+            pass  # another user's file we may not write: the turn is a courtesy, the claim is what counts
         return first
     raise ClusterError(f"{JOB_ID_BLOCKS} practice clusters already run on this machine: stop one with "
                        "`python -m fourcard_helpers.slurm down --dir ...` first.")
@@ -269,6 +283,7 @@ def _write_conf(folder: Path, nodes: list[str], cpus: int, first_job_id: int, gp
         "ReturnToService=2",  # a node that was down (its slurmd stopped) takes jobs again once it is back
         "SlurmdTimeout=30",  # a node whose slurmd stopped answering is marked down after 30 s (SLURM: 300)
         "KillWait=5",  # a cancelled job's processes get 5 s between SIGTERM and SIGKILL (SLURM: 30)
+        "MinJobAge=3600",  # a finished job's record stays an hour (SLURM: 300 s), for a learner who pauses
         "AccountingStorageType=accounting_storage/none",  # no slurmdbd: sacct has nothing to read
         "JobAcctGatherType=jobacct_gather/none",
         "JobCompType=jobcomp/none",
