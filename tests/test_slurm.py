@@ -256,10 +256,10 @@ def test_lesson_12s_batch_file_runs_unchanged_survives_a_killed_rank_and_ends_wi
     assert _same_weights(tmp_path / "uninterrupted", tmp_path / "killed")
 
 
-def _submit(cluster, tmp_path: Path, run: str, epochs: int, data: str, *options: str) -> str:
+def _submit(cluster, tmp_path: Path, run: str, epochs: int, data: str, *options: str, **environment: str) -> str:
     """Submit lesson 12's batch file, unchanged, from the notebooks folder: two nodes, one rank each. Slow data is
     lesson 12b's (notebooks/slow_epochs.py): each item 4 ms late, about 1 s an epoch, the same numbers."""
-    env = {**cluster.environment(), "NPROC_PER_NODE": "1", "FOURCARDS_VENV": sys.prefix, "FOURCARD_DEVICE": "cpu"}
+    env = {**cluster.environment(), "NPROC_PER_NODE": "1", "FOURCARDS_VENV": sys.prefix, "FOURCARD_DEVICE": "cpu", **environment}
     return subprocess.run(
         ["sbatch", "--parsable", *options, "--gpus-per-node=0", "--cpus-per-task=1", f"--output={tmp_path}/{run}.out",
          "scripts/12_two_nodes.sbatch", "--model", "crash_once:build_model", "--optimizer", "sgd", "--lr", "0.05",
@@ -276,22 +276,36 @@ def _same_weights(a: Path, b: Path) -> bool:
 
 @pytest.mark.slow
 def test_lesson_12s_batch_file_requeues_itself_on_the_time_limit_warning(tmp_path):
-    """The warning SLURM sends before the limit, sent by hand once a checkpoint exists (`scancel --batch
-    --signal=USR1`, what `--signal=B:USR1@...` sends): the trap requeues the job, SLURM starts it again,
-    it resumes and ends with the weights of a run never stopped."""
+    """The warning SLURM sends before the limit, sent by hand as soon as the training runs (`scancel --batch
+    --signal=USR1`, what `--signal=B:USR1@...` sends): the trap writes the stop file, the ranks save the step they
+    are at and exit, and only then does the script requeue the job; SLURM starts it again, it resumes from that
+    very step and ends with the weights of a run never stopped. With MAX_REQUEUES=0 the same warning ends the job
+    instead (it failed: the training is not done), its step saved."""
     with practice_cluster(nodes=2, folder=tmp_path / "cluster") as cluster:
-        reference = _submit(cluster, tmp_path, "reference", 12, "crash_once:build_datasets")
+        reference = _submit(cluster, tmp_path, "reference", 4, "crash_once:build_datasets")
         assert "JobState=COMPLETED" in _finished(cluster, reference)
-        job = _submit(cluster, tmp_path, "warned", 12, "slow_epochs:build_datasets_slow")
-        _wait_until(lambda: "epoch 2/12" in (tmp_path / "warned.out").read_text(errors="replace")
-                    if (tmp_path / "warned.out").exists() else False, "two epochs done, checkpointed", bound=120)
-        cluster.run("scancel", "--batch", "--signal=USR1", job)
-        state = _finished(cluster, job)
+        states = {}
+        for run, requeues in (("warned", "3"), ("capped", "0")):
+            job = _submit(cluster, tmp_path, run, 4, "slow_epochs:build_datasets_slow", MAX_REQUEUES=requeues)
+            _wait_until(lambda: "starting fresh" in _read(tmp_path / f"{run}.out"), "the training started", bound=120)
+            cluster.run("scancel", "--batch", "--signal=USR1", job)
+            states[run] = _finished(cluster, job)
+    capped_job = job
     log = (tmp_path / "warned.out").read_text()
-    assert "JobState=COMPLETED" in state and "ExitCode=0:0" in state and "Restarts=1" in state, (state, log[-3000:])
-    assert "time limit near: requeueing the job (run 0)" in log
-    assert re.search(r"resumed from epoch-00(0[2-9]|1[01]), \d+ of 12 epochs done", log), log[-3000:]
+    assert "JobState=COMPLETED" in states["warned"] and "ExitCode=0:0" in states["warned"] and "Restarts=1" in states["warned"], (states["warned"], log[-3000:])
+    saved = re.search(r"asked to stop \(found runs/four-cards-\d+\.stop\): saved (epoch-\d{4}-step-\d{6})", log)
+    assert saved, log[-3000:]
+    assert (log.index("time limit near: asking the ranks to save and stop (run 0)") < saved.start()
+            < log.index("the ranks saved and stopped: requeueing the job (run 0)") < log.index(f"resumed from {saved[1]}, "))
     assert _same_weights(tmp_path / "reference", tmp_path / "warned")
+    capped = (tmp_path / "capped.out").read_text()
+    assert "JobState=FAILED" in states["capped"] and "ExitCode=3:0" in states["capped"] and "Restarts=0" in states["capped"], (states["capped"], capped[-3000:])
+    assert "requeued 0 times already: not again" in capped and re.search(r"saved epoch-\d{4}-step-\d{6}", capped)
+    (ROOT / "notebooks" / "runs" / f"four-cards-{capped_job}.stop").unlink()  # capped's, left for a resume by hand
+
+
+def _read(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
 
 
 @pytest.mark.slow
@@ -303,12 +317,15 @@ def test_lesson_12s_batch_file_outlives_its_time_limit_by_requeueing_and_ends_wi
     with practice_cluster(nodes=2, folder=tmp_path / "cluster") as cluster:
         reference = _submit(cluster, tmp_path, "no limit", 40, "crash_once:build_datasets")
         assert "JobState=COMPLETED" in _finished(cluster, reference)
-        job = _submit(cluster, tmp_path, "one minute", 40, "slow_epochs:build_datasets_slow", "--time=1", "--signal=B:USR1@30")
+        # as many runs as this machine's speed asks for: the file's cap of 3 requeues is for a training that fits
+        job = _submit(cluster, tmp_path, "one minute", 40, "slow_epochs:build_datasets_slow", "--time=1", "--signal=B:USR1@30",
+                      MAX_REQUEUES="100")
         state = _finished(cluster, job)
     log = (tmp_path / "one minute.out").read_text()
     assert "JobState=COMPLETED" in state and "ExitCode=0:0" in state, (state, log[-3000:])
     assert "TimeLimit=00:01:00" in state and int(re.search(r"Restarts=(\d+)", state)[1]) >= 1  # requeued at least once
-    assert "time limit near: requeueing the job (run 0)" in log and re.search(r"resumed from epoch-00\d\d, \d+ of 40 epochs", log)
+    assert "time limit near: asking the ranks to save and stop (run 0)" in log
+    assert "the ranks saved and stopped: requeueing the job (run 0)" in log and re.search(r"resumed from epoch-\d{4}-step-\d{6}, ", log)
     assert _same_weights(tmp_path / "no limit", tmp_path / "one minute")
 
 
