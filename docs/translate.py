@@ -53,7 +53,7 @@ PACKAGE_CATALOG = PACKAGE / "locale" / "zh_CN" / "LC_MESSAGES" / "fourcard_helpe
 # records, the capstone's model files): a Chinese notebook finds them through these links, so
 # that its code cells are the English ones, character for character.
 SHARED_WITH_ENGLISH = ("scripts", "measured", "crash_once.py", "mnist_recipe.py", "my_model.py", "slow_epochs.py",
-                       "my_ring.py", "my_tensor_parallel.py")  # the last: build exercises' files
+                       "my_ring.py", "my_tensor_parallel.py", "my_pipeline.py")  # the last: build exercises' files
 SHARED_WITH_ENGLISH += ("my_ddp.py", "my_buckets.py", "my_zero.py", "my_fsdp.py")  # the learner's files of the build exercises of lessons 05 and 09
 SHARED_WITH_ENGLISH += ("my_ring_attention.py", "my_expert_dispatch.py")  # lesson 14's build exercises
 HEADER = {
