@@ -55,9 +55,9 @@ def _steps_of(folder: Path) -> list[str]:
     return steps
 
 
-def _finished(cluster, job: str) -> str:
+def _finished(cluster, job: str, bound: float = 300) -> str:
     """Wait until the job has left the queue (`sbatch --wait` looks only every few seconds); `scontrol show job`."""
-    _wait_until(lambda: cluster.run("squeue", "-h", "-j", job).strip() == "", f"job {job} finished", bound=300)
+    _wait_until(lambda: cluster.run("squeue", "-h", "-j", job).strip() == "", f"job {job} finished", bound=bound)
     return cluster.run("scontrol", "show", "job", job)
 
 
@@ -320,7 +320,7 @@ def test_lesson_12s_batch_file_outlives_its_time_limit_by_requeueing_and_ends_wi
         # as many runs as this machine's speed asks for: the file's cap of 3 requeues is for a training that fits
         job = _submit(cluster, tmp_path, "one minute", 40, "slow_epochs:build_datasets_slow", "--time=1", "--signal=B:USR1@30",
                       MAX_REQUEUES="100")
-        state = _finished(cluster, job)
+        state = _finished(cluster, job, bound=900)  # each run starts, is warned 0 to 30 s in, saves and waits 10 s
     log = (tmp_path / "one minute.out").read_text()
     assert "JobState=COMPLETED" in state and "ExitCode=0:0" in state, (state, log[-3000:])
     assert "TimeLimit=00:01:00" in state and int(re.search(r"Restarts=(\d+)", state)[1]) >= 1  # requeued at least once
