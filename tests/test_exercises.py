@@ -1,4 +1,4 @@
-"""The build exercises of lessons 09 and 10 (fourcard_helpers/exercises): the reference solution passes,
+"""The build exercises of lessons 05 and 09 (fourcard_helpers/exercises): the reference solution passes,
 the skeleton is "not attempted" without a launch, and each mistake a learner makes is named from what
 the ranks saw, in real torchrun launches on gloo (two ranks: the diagnoses are the same as on four).
 The lessons' hidden solution cells are the package's reference solutions, word for word."""
@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import fourcard_helpers.solutions as solutions
 from fourcard_helpers import exercises
@@ -94,9 +95,60 @@ def test_the_command_line_grades_a_file(tmp_path: Path) -> None:
     assert subprocess.run([*command, "no-such-exercise", str(skeleton)], capture_output=True).returncode == 2
 
 
+NO_OVERLAP = HEADER + """from torch.autograd import Variable
+
+
+class OverlappedDDP(nn.Module):
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+        for t in [*module.parameters(), *module.buffers()]:
+            dist.broadcast(t.data, src=0)
+        self.pending, self.syncing, self.queued = [], True, False
+        for p in module.parameters():
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(self._ready)
+
+    def _ready(self, p):
+        if self.syncing and not self.queued:
+            self.queued = True
+            Variable._execution_engine.queue_callback(self._launch_all)  # runs after backward's last gradient
+
+    def _launch_all(self):
+        for p in self.module.parameters():
+            if p.requires_grad:
+                self.pending.append((p, dist.all_reduce(p.grad, async_op=True)))
+        self.queued = False
+
+    def forward(self, *a, **k):
+        return self.module(*a, **k)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        self.syncing = False
+        try:
+            yield
+        finally:
+            self.syncing = True
+
+    def finish(self):
+        for p, w in self.pending:
+            w.wait()
+            p.grad /= dist.get_world_size()
+        self.pending.clear()
+"""
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["no broadcast", "wait at once", "after backward", "hooked twice"])
+@pytest.mark.parametrize("case", ["no broadcast", "wait at once", "after backward", "hooked twice", "no overlap",
+                                  "buffers broadcast"])
 def test_overlapped_ddp_names_the_mistake(tmp_path: Path, case: str) -> None:
+    if case == "buffers broadcast":  # DDP's broadcast_buffers=True: a broadcast before forward is no gradient
+        synced = mistake(OVERLAPPED, "    def forward(self, *args, **kwargs):\n",
+                         "    def forward(self, *args, **kwargs):\n        for b in self.module.buffers():\n"
+                         "            dist.broadcast(b, src=0)\n")
+        assert "6 all-reduces per step" in exercises.run("overlapped-ddp", write(tmp_path, synced), nproc=2)
+        return
     wrong, said = {
         "no broadcast": (mistake(OVERLAPPED, "            dist.broadcast(tensor.data, src=0)", "            pass"),
                          "nothing was broadcast"),
@@ -113,6 +165,7 @@ def test_overlapped_ddp_names_the_mistake(tmp_path: Path, case: str) -> None:
         "hooked twice": (mistake(OVERLAPPED, "        for param in module.parameters():\n",
                                  "        for param in [p for sub in module.modules() for p in sub.parameters()]:\n"),
                          "a gradient was sent more than once"),
+        "no overlap": (NO_OVERLAP, "launched only once backward had produced every gradient"),
     }[case]
     assert said in diagnosis(tmp_path, "overlapped-ddp", wrong)
 
@@ -136,19 +189,92 @@ def test_bucketed_ddp_passes_and_counts_its_messages(tmp_path: Path) -> None:
     assert "one all-reduce per parameter" in diagnosis(tmp_path, "bucketed-ddp", per_parameter)
 
 
-@pytest.mark.slow
-def test_the_sharded_optimizer_passes_and_weighs_each_ranks_state(tmp_path: Path) -> None:
-    verdict = exercises.run("sharded-optimizer", write(tmp_path, SHARDED), nproc=2)
-    assert "together = one card's" in verdict
-    everything = mistake(SHARDED, "if self.owner[p] == rank]", "]")
-    assert "every rank holds the whole optimizer state" in diagnosis(tmp_path, "sharded-optimizer", everything)
+FLAT_ZERO = HEADER + """class ShardedOptimizer(torch.optim.Optimizer):
+    def __init__(self, params, optimizer_cls, **kwargs):
+        super().__init__(params, kwargs)
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.slices, local_groups = [], []
+        for group in self.param_groups:  # each group flat, padded, cut into equal slices (DeepSpeed's stage 1)
+            total = sum(p.numel() for p in group["params"])
+            per = -(-total // self.world)
+            flat = torch.zeros(per * self.world, dtype=group["params"][0].dtype)
+            torch.cat([p.detach().reshape(-1) for p in group["params"]], out=flat[:total])
+            piece = flat[self.rank * per:(self.rank + 1) * per].clone().requires_grad_(True)
+            self.slices.append((piece, total, per))
+            local_groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": [piece]})
+        self.inner = {"adam": optimizer_cls(local_groups, **kwargs)}  # kept in a dict: still found
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group, local, (piece, total, per) in zip(self.param_groups, self.inner["adam"].param_groups,
+                                                     self.slices):
+            local.update({k: v for k, v in group.items() if k != "params"})
+            grads = torch.zeros(per * self.world, dtype=piece.dtype)
+            grads[:total] = torch.cat([p.grad.reshape(-1) for p in group["params"]])
+            piece.grad = grads[self.rank * per:(self.rank + 1) * per].clone()
+        self.inner["adam"].step()
+        for group, (piece, total, per) in zip(self.param_groups, self.slices):
+            flat = torch.empty(per * self.world, dtype=piece.dtype)
+            dist.all_gather_into_tensor(flat, piece.detach())
+            offset = 0
+            for p in group["params"]:
+                p.copy_(flat[offset:offset + p.numel()].view_as(p))
+                offset += p.numel()
+"""
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["right", "off by one", "bf16 masters"])
+@pytest.mark.parametrize("case", ["right", "flat slices", "everything", "all on rank 0"])
+def test_the_sharded_optimizer_passes_and_weighs_each_ranks_state(tmp_path: Path, case: str) -> None:
+    if case in ("right", "flat slices"):  # each parameter's state on one rank; or equal padded slices of groups
+        verdict = exercises.run("sharded-optimizer", write(tmp_path, SHARDED if case == "right" else FLAT_ZERO),
+                                nproc=2)
+        assert ("[288, 270], 558 together (one card: 558)" if case == "right" else
+                "[280, 280], 560 together (one card: 558)") in verdict, verdict
+        return
+    wrong, said = {
+        "everything": (mistake(SHARDED, "if self.owner[p] == rank]", "]"), "every rank holds the whole optimizer state"),
+        "all on rank 0": (mistake(SHARDED, "            load[self.owner[param]] += param.numel()\n", ""),
+                          "rank 0 holds 558 numbers of optimizer state, the ranks [558, 0]"),
+    }[case]
+    assert said in diagnosis(tmp_path, "sharded-optimizer", wrong)
+
+
+def test_the_optimizer_state_is_found_where_a_wrapper_keeps_it() -> None:
+    """Adam's exp_avg and exp_avg_sq count, its scalar step does not; an inner optimizer counts in a list or a
+    dict as well as alone, and a storage shared by two views counts once."""
+    from fourcard_helpers.exercises import _ranks
+
+    weights = [torch.nn.Parameter(torch.ones(5)), torch.nn.Parameter(torch.ones(2, 3))]
+    adam = torch.optim.Adam(weights)
+    sum(w.sum() for w in weights).backward()
+    adam.step()
+    assert _ranks.optimizer_state_numbers(adam) == 2 * (5 + 6)
+
+    class Holder(torch.optim.Optimizer):
+        def __init__(self, inner: object) -> None:
+            super().__init__([torch.nn.Parameter(torch.zeros(1))], {})
+            self.inner = inner
+
+    for kept in (adam, [adam], {"adam": adam}, ({"deep": adam},)):
+        assert _ranks.optimizer_state_numbers(Holder(kept)) == 22, kept
+    shared = torch.zeros(10)
+    adam.state[weights[0]]["exp_avg"], adam.state[weights[0]]["exp_avg_sq"] = shared[:5], shared[5:]
+    assert _ranks.optimizer_state_numbers(adam) == 10 + 12
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["right", "storage freed in place", "off by one", "bf16 masters", "gathers kept",
+                                  "a copy kept"])
 def test_hand_fsdp_passes_and_names_the_mistake(tmp_path: Path, case: str) -> None:
-    if case == "right":
-        assert "gathered again in backward" in exercises.run("hand-fsdp", write(tmp_path, FSDP), nproc=2)
+    if case in ("right", "storage freed in place"):  # the second frees as FSDP does: the tensor stays, empty
+        freed = mistake(FSDP, "                del sub.__dict__[name]  # the whole weight is freed; backward gathers "
+                              "it again\n",
+                        "                weight = sub.__dict__.pop(name)\n                if _sharded:\n"
+                        "                    sub.__dict__['_unsharded_' + name] = weight\n"
+                        "                    weight.untyped_storage().resize_(0)\n")
+        verdict = exercises.run("hand-fsdp", write(tmp_path, FSDP if case == "right" else freed), nproc=2)
+        assert "648 bytes" in verdict and "the Linear weights gathered again in backward" in verdict, verdict
         return
     wrong, said = {
         "off by one": (mistake(mistake(FSDP, "per_rank = -(-param.numel() // world)", "per_rank = param.numel() // world"),
@@ -158,6 +284,15 @@ def test_hand_fsdp_passes_and_names_the_mistake(tmp_path: Path, case: str) -> No
         "bf16 masters": (mistake(FSDP, "flat[rank * per_rank:(rank + 1) * per_rank].clone()",
                                  "flat[rank * per_rank:(rank + 1) * per_rank].clone().to(compute_dtype or flat.dtype)"),
                          "the masters"),
+        "gathers kept": (mistake(FSDP, "        dist.all_gather_into_tensor(flat, shard)\n        return",
+                                 "        dist.all_gather_into_tensor(flat, shard)\n"
+                                 "        self.__dict__[f'_kept{k}'] = flat\n        return"),
+                         "still holds the whole embed.weight, hidden.weight, out.weight"),
+        "a copy kept": (mistake(FSDP, "        dist.all_gather_into_tensor(flat, shard)\n        return",
+                                "        dist.all_gather_into_tensor(flat, shard)\n"
+                                "        self.__dict__.setdefault('_kept', {})[k] = torch.cat([flat, flat])\n"
+                                "        return"),
+                        "a gathered weight (or a copy of it) was kept"),
     }[case]
     assert said in diagnosis(tmp_path, "hand-fsdp", wrong)
 

@@ -101,8 +101,11 @@ def judge_start(reports: dict[int, dict[str, Any]], nproc: int) -> None:
 
 
 def sent(trace: list[dict[str, Any]], step: int) -> list[dict[str, Any]]:
-    """The collectives a rank launched for step `step` (during its backward and its finish())."""
-    return harness.launches(trace, f"backward {step}") + harness.launches(trace, f"finish {step}")
+    """The all-reduces a rank launched for step `step` (during its forward and backward, and its finish()).
+    Other collectives are not gradients: a broadcast of the buffers before each forward, as DDP's
+    broadcast_buffers=True does, is allowed."""
+    return [call for call in harness.launches(trace, f"backward {step}") + harness.launches(trace, f"finish {step}")
+            if call["op"] == "all_reduce"]
 
 
 def judge_numbers(reports: dict[int, dict[str, Any]], nproc: int, steps: int, accumulate: bool) -> None:
@@ -134,9 +137,10 @@ def judge_numbers(reports: dict[int, dict[str, Any]], nproc: int, steps: int, ac
 
 def judge_overlap(trace: list[dict[str, Any]], step: int) -> int:
     """The first all-reduce of `step` launched during backward and not waited for at once; returns how many
-    gradients backward still had to produce after the one whose hook launched it."""
+    gradients backward still had to produce after the one whose hook launched it (at least one, or no
+    message overlapped any of backward's work)."""
     backward = [e for e in trace if e["phase"] == f"backward {step}"]
-    launched = [k for k, e in enumerate(backward) if e["kind"] == "launch"]
+    launched = [k for k, e in enumerate(backward) if e["kind"] == "launch" and e["op"] == "all_reduce"]
     ready = [k for k, e in enumerate(backward) if e["kind"] == "grad"]
     if not launched:
         raise CheckFailed(_("every all-reduce was launched after backward had ended (in finish()): nothing "
@@ -145,4 +149,10 @@ def judge_overlap(trace: list[dict[str, Any]], step: int) -> int:
         raise CheckFailed(_("each all-reduce was waited for right after it was launched (a blocking call, or "
                             "wait() in the hook): backward stops at every message and nothing overlaps. Launch "
                             "with async_op=True in the hook, keep the handles, wait in finish()."))
-    return sum(1 for k in ready if k > launched[0]) - 1
+    left = sum(1 for k in ready if k > launched[0]) - 1
+    if left < 1:
+        raise CheckFailed(_("the first all-reduce of step {step} was launched only once backward had produced "
+                            "every gradient (from the last gradient's hook, or a callback queued for the end of "
+                            "backward): nothing overlaps. Launch each message from the hook of the gradient that "
+                            "completes it, while backward still computes the others.").format(step=step))
+    return left

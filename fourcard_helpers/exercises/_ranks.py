@@ -155,14 +155,29 @@ def gap(ours: list[torch.Tensor], reference: list[torch.Tensor]) -> float:
                default=0.0)
 
 
-def optimizer_state_bytes(optimizer: Any) -> int:
-    """Bytes of the optimizer state a rank holds: the tensors in `.state` of the optimizer and of any
-    optimizer it keeps as an attribute (a ZeRO wrapper's inner one), each storage counted once."""
-    inner = [optimizer] + [value for value in vars(optimizer).values() if isinstance(value, torch.optim.Optimizer)]
+def optimizer_state_numbers(optimizer: Any) -> int:
+    """Numbers of optimizer state a rank holds: the tensors of more than zero dimensions (Adam's exp_avg and
+    exp_avg_sq, not its scalar step) in `.state` of the optimizer and of every optimizer it keeps, as an
+    attribute or inside a list, tuple or dict (a ZeRO wrapper's inner ones), each storage counted once."""
+    found: dict[int, Any] = {}
+
+    def visit(value: Any, depth: int) -> None:
+        if isinstance(value, torch.optim.Optimizer) and id(value) not in found:
+            found[id(value)] = value
+            visit(vars(value), depth + 1)
+        elif depth < 4 and isinstance(value, dict):
+            for item in value.values():
+                visit(item, depth + 1)
+        elif depth < 4 and isinstance(value, (list, tuple)):
+            for item in value:
+                visit(item, depth + 1)
+
+    visit(optimizer, 0)
     storages = {}
-    for each in inner:
+    for each in found.values():
         for state in each.state.values():
             for value in state.values():
-                if isinstance(value, torch.Tensor):
-                    storages[value.untyped_storage().data_ptr()] = value.untyped_storage().nbytes()
+                if isinstance(value, torch.Tensor) and value.dim() > 0 and value.untyped_storage().nbytes():
+                    storages[value.untyped_storage().data_ptr()] = (value.untyped_storage().nbytes()
+                                                                    // value.element_size())
     return sum(storages.values())

@@ -1,7 +1,8 @@
-"""Build exercise of lesson 10: DDP by hand with buckets, as DistributedDataParallel sends gradients.
+"""Build exercise of lesson 05: DDP by hand with buckets, as DistributedDataParallel sends gradients.
 
 The learner's `BucketedDDP(module, bucket_mb)` packs the gradients, in the order backward produces
-them (the reverse of the parameters' order), into buckets: a gradient joins the current bucket, and
+them, into buckets (DDP records that order in its first step and rebuilds its buckets from it; the
+exercise approximates it by the reverse of parameters()'s order): a gradient joins the current bucket, and
 once a bucket holds bucket_mb MiB or more the next gradient starts a new one. Each bucket is one
 all-reduce, launched when its last gradient is ready. The ranks train the model of overlapped_ddp
 (_ddp.py) for two SGD steps in float64 with a cap that splits it in two; the check counts the
@@ -16,7 +17,7 @@ from fourcard_helpers.exercises import _ddp, harness
 from fourcard_helpers.language import _
 
 NAME = "bucketed-ddp"
-LESSON = "10"
+LESSON = "05"
 TITLE = "DDP by hand with buckets: one all-reduce per bucket of bucket_mb, launched when its last gradient is ready"
 DEFINES = ("BucketedDDP",)
 STEPS = 2
@@ -53,10 +54,11 @@ def check(path: Path, nproc: int = 4) -> str:
                 step=step, got=got))
         if got == buckets(sizes, BUCKET_MB):
             raise CheckFailed(_("step {step} sent buckets of {got} numbers, filled in the parameters' order; backward "
-                                "produces gradients in the reverse order, so DDP fills its buckets from the last "
-                                "parameter: expected {wanted}.").format(step=step, got=got, wanted=wanted))
+                                "produces gradients in about the reverse order, and DDP fills its buckets in the "
+                                "order the gradients arrive (recorded in its first step, its buckets rebuilt from "
+                                "it): here take the reverse of parameters()'s order; expected {wanted}.").format(step=step, got=got, wanted=wanted))
         raise CheckFailed(_("step {step} sent messages of {got} numbers; with bucket_mb={mb} ({bytes} bytes, float64 "
-                            "gradients filled from the last parameter, a new bucket once one holds bucket_mb or "
+                            "gradients taken in the reverse of parameters()'s order, a new bucket once one holds bucket_mb or "
                             "more) expected {wanted}.").format(step=step, got=got, mb=BUCKET_MB,
                                                                bytes=int(BUCKET_MB * 2**20), wanted=wanted))
     _ddp.judge_numbers(reports, nproc, STEPS, accumulate=False)

@@ -10,7 +10,7 @@ name. With `compute_dtype`, weights are gathered and used in it while the master
 The ranks train a model with sizes no number of ranks divides for three SGD steps in float64 beside
 one card, then a forward and a backward of a float32 copy under bf16. The check weighs what each rank holds between
 uses (the point: a 1/N shard of each weight, no whole weight), reads the collectives of backward
-(the weights gathered again), compares full_parameters() with one card's, and reads the dtypes.
+(the Linear weights gathered again, at their padded sizes), compares full_parameters() with one card's, and reads the dtypes.
 """
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ STEPS = 3
 EXACT = 1e-12  # float64 rounding of sums taken in another order
 SHARDED = {"embed.weight": 55, "hidden.weight": 35, "out.weight": 21}  # numbers each; 4 (and 2) divide none
 WHOLE = 7 + 7 + 7 + 3  # hidden.bias, norm.weight, norm.bias, out.bias
+LINEAR = ("hidden.weight", "out.weight")  # the weights whose backward needs them (an Embedding's needs its indices)
 
 
 def off_by_one(traces: dict[int, list[dict[str, Any]]], nproc: int) -> str | None:
@@ -63,12 +64,24 @@ def check(path: Path, nproc: int = 4) -> str:
             raise CheckFailed(_("between uses rank {rank} still holds the whole {names}: a rank keeps only its 1/{n} "
                                 "shard of each weight; gather it for a use, and drop it after.").format(
                 rank=rank, names=", ".join(whole), n=nproc))
-    gathered_again = harness.launches(trace, "backward 1")
-    if not any(call["op"] in ("all_gather_into_tensor", "all_gather") for call in gathered_again):
-        raise CheckFailed(_("no weight was gathered during backward: the whole weights gathered for forward were "
-                            "kept alive until backward (autograd saved them), so each rank held them all between "
-                            "the two uses. Free them after forward and gather again for backward "
-                            "(torch.autograd.graph.saved_tensors_hooks, or an autograd.Function)."))
+    for rank in range(nproc):
+        later, bound = reports[rank]["later_bytes"], reports[rank]["bound_bytes"]
+        if later - bound >= reports[rank]["smallest_weight_bytes"]:
+            raise CheckFailed(_("after the steps rank {rank} holds {later} bytes of tensors between uses, where its "
+                                "shards and the whole parameters take {bound}: a gathered weight (or a copy of it) "
+                                "was kept. Keep only the shards; gather for each use and drop the result after.").format(
+                rank=rank, later=later, bound=bound))
+    gathers = [call["numel"] for call in harness.launches(trace, "backward 1")
+               if call["op"] in ("all_gather_into_tensor", "all_gather")]
+    needed = [name for name in LINEAR if not {math.ceil(SHARDED[name] / nproc) * nproc,
+                                              math.ceil(SHARDED[name] / nproc)} & set(gathers)]
+    if needed:
+        raise CheckFailed(_("{names} not gathered during backward (backward's gathers: {gathers} numbers): the whole "
+                            "weights gathered for forward were kept alive until backward (autograd saved them, "
+                            "as a Linear's backward needs its weight), so each rank held them all between the two "
+                            "uses. Free them after forward and gather again for backward "
+                            "(torch.autograd.graph.saved_tensors_hooks, or an autograd.Function).").format(
+            names=", ".join(needed), gathers=gathers))
     gap = reports[0]["weight_gap"]
     if reports[0]["missing"]:
         raise CheckFailed(_("full_parameters() lacks {names}: it returns every parameter whole, by its name in the "
@@ -87,7 +100,7 @@ def check(path: Path, nproc: int = 4) -> str:
                             "and use the weights in the compute dtype.").format(seen=seen))
     held = reports[0]["held_bytes"]
     return _("{n} ranks: between uses each rank holds {held} bytes of parameters (shards of {shares} numbers, "
-             "padded, and the {whole} numbers of the whole parameters; one card: {full}); every weight gathered again in backward; after "
+             "padded, and the {whole} numbers of the whole parameters; one card: {full}); the Linear weights gathered again in backward (an Embedding's backward needs only its indices); after "
              "{steps} SGD steps in float64 full_parameters() equals one card's to {gap:.1e}; under bf16, float32 "
              "masters and bf16 weights in forward.").format(
         n=nproc, held=held, shares=sorted(shares.values()), whole=WHOLE, full=reports[0]["full_bytes"],
@@ -119,12 +132,20 @@ if __name__ == "__main__":
         return Net().to(device, dtype)
 
     def held(wrapper: nn.Module, shapes: dict) -> tuple[int, list[str]]:
-        """Bytes of every tensor the wrapper keeps (parameters, buffers, tensor attributes), and the
-        names of the weights it keeps whole."""
+        """Bytes of every tensor the wrapper keeps (parameters, buffers, tensor attributes, alone or in a
+        list, tuple or dict), and the names of the weights it keeps whole: a tensor whose storage holds
+        from a weight's numbers up to its padded size. A storage freed in place (resize_(0), as FSDP
+        frees) holds nothing."""
         tensors = [*wrapper.parameters(), *wrapper.buffers()]
-        tensors += [v for m in wrapper.modules() for v in vars(m).values() if isinstance(v, torch.Tensor)]
+        for m in wrapper.modules():
+            for v in vars(m).values():
+                inside = v.values() if isinstance(v, dict) else v if isinstance(v, (list, tuple)) else [v]
+                tensors += [t for t in inside if isinstance(t, torch.Tensor)]
+        tensors = [t for t in tensors if t.untyped_storage().nbytes() > 0]
         storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
-        whole = sorted({name for t in tensors for name, shape in shapes.items() if t.numel() == shape})
+        whole = sorted({name for t in tensors for name, numbers in shapes.items()
+                        if numbers <= t.numel() <= -(-numbers // world) * world
+                        and t.untyped_storage().nbytes() >= numbers * t.element_size()})
         return sum(storages.values()), whole
 
     net, reference = model(torch.float64), model(torch.float64)
@@ -132,6 +153,9 @@ if __name__ == "__main__":
     _ranks.phase("construction")
     fsdp = learner.HandFSDP(net)
     held_bytes, whole = held(fsdp, shapes)
+    later_bytes = held_bytes
+    bound_bytes = 8 * (sum(-(-numbers // world) for numbers in shapes.values())  # float64 shards and whole ones
+                       + sum(p.numel() for name, p in reference.named_parameters() if name not in shapes))
     shard_numbers = [p.numel() for p in fsdp.parameters() if p.numel() not in (7, 3)]  # 7, 3: the whole ones
     _ranks.event("shards", numbers=shard_numbers)  # in the trace, in case a later step fails because of them
     optimizer = torch.optim.SGD(fsdp.parameters(), lr=0.3)
@@ -152,7 +176,8 @@ if __name__ == "__main__":
         fsdp.finish()
         optimizer.step()
         one_card.step()
-        later_bytes, later_whole = held(fsdp, shapes)
+        later, later_whole = held(fsdp, shapes)
+        later_bytes = max(later_bytes, later)
         whole = sorted(set(whole) | set(later_whole))
     _ranks.phase("full_parameters")
     full = fsdp.full_parameters()
@@ -166,7 +191,8 @@ if __name__ == "__main__":
         layer.register_forward_pre_hook(lambda m, args: seen.append(str(getattr(m, "weight").dtype)))
     low(tokens[mine]).float().pow(2).mean().backward()
     low.finish()
-    _ranks.finish(held_bytes=held_bytes, whole_weights=whole,
+    _ranks.finish(held_bytes=held_bytes, whole_weights=whole, later_bytes=later_bytes, bound_bytes=bound_bytes,
+                  smallest_weight_bytes=8 * min(shapes.values()),
                   full_bytes=8 * sum(p.numel() for p in reference.parameters()),
                   missing=sorted(set(dict(reference.named_parameters())) - set(full)),
                   weight_gap=max(gaps.values(), default=float("inf")), worst=max(gaps, key=gaps.get, default=""),

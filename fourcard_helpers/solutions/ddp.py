@@ -1,4 +1,4 @@
-"""Data parallelism by hand: DDP's overlapped all-reduce, then its buckets (lesson 10's build exercises).
+"""Data parallelism by hand: DDP's overlapped all-reduce, then its buckets (lesson 05's build exercises).
 
 Each class is the reference solution of a build exercise (fourcard_helpers/exercises), and the text
 of the lesson's hidden solution cell (tests/test_exercises.py keeps the two equal). They run in any
