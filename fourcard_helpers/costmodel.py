@@ -266,7 +266,9 @@ PUBLISHED: dict[str, Interconnect] = {
     # busbw: github.com/tinygrad/open-gpu-kernel-modules/issues/36 (user ChihayaK):
     #   p2pBandwidthLatencyTest reports every pair "CAN Access Peer" (P2P on, patched driver);
     #   nccl-tests `all_reduce_perf -b 256M -e 2G -f 2 -g 4`, 4× RTX 4090, float sum:
-    #   busbw 25.72 GB/s at 256 MiB, 25.82 at 512 MiB, 25.95 at 1 GiB.
+    #   busbw 25.72 GB/s at 256 MiB, 25.82 at 512 MiB, 25.95 at 1 GiB. The thread is titled
+    #   "RTX 4090D 48GB support?": nccl-tests lists the four cards as "NVIDIA GeForce RTX 4090",
+    #   but they may be modified 48 GB cards (4090D), not stock 24 GB RTX 4090s.
     # latency: github.com/NVIDIA/nccl/issues/1530 ("Ring all-reduce shows poor bandwidth
     #   utilization on PCIe-connected GPUs"): `NCCL_BUFFSIZE=8388608 all_reduce_perf -g 8 -b 8`
     #   on 8× RTX 4090 over PCIe, 8-byte all_reduce 42.1 µs (out of place), 40.1 µs (in place);
