@@ -143,3 +143,45 @@ def test_the_gradient_check_passes_an_average_and_fails_a_sum() -> None:
     for name in whole:
         with pytest.raises(AssertionError, match=name):
             check_gradient({**averaged, name: add(name, (0, 1, 2, 3), 1)}, "summed")
+
+
+MODE_AGAINST_COMMDEBUGMODE = """
+import torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.debug import CommDebugMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from fourcard_helpers import report
+{collectives}
+dist.init_process_group("gloo")
+mesh = init_device_mesh("cpu", (2,))
+a = distribute_tensor(torch.ones(4, 6), mesh, [Shard(0)])
+b = distribute_tensor(torch.ones(4, 6), mesh, [Shard(1)])
+with CommDebugMode() as debug, Collectives() as counted:
+    counted.seen = []
+    a + b                                     # the layouts differ: DTensor redistributes inside the operation
+    a.redistribute(mesh, [Replicate()])       # an explicit redistribution
+    dist.all_reduce(torch.ones(3))            # a plain c10d call
+report(seen=counted.seen, debug={{op.__name__: n for op, n in debug.get_comm_counts().items()}})
+dist.destroy_process_group()
+"""
+
+
+def test_the_mesh_scripts_mode_counts_what_commdebugmode_counts() -> None:
+    """Section 5's dispatch mode, taken from the shipped script, on two gloo ranks beside PyTorch's CommDebugMode:
+    the collective a DTensor operation issues inside itself (an implicit redistribution), an explicit
+    redistribution and a plain all-reduce are counted alike by both, so the lesson's 'the optimizer sent nothing'
+    could fail. A mode that ran DTensor's operation itself would miss the first one."""
+    import ast
+
+    from fourcard_helpers.launch import leftover_processes, torchrun
+
+    text = (LESSON.parent / "scripts" / "13_gpt_tensor_sequence.py").read_text(encoding="utf-8")
+    node = next(n for n in ast.parse(text).body if isinstance(n, ast.ClassDef) and n.name == "Collectives")
+    script = MODE_AGAINST_COMMDEBUGMODE.format(collectives=ast.get_source_segment(text, node))
+    reports = torchrun(script, nproc=2, timeout=180, echo=False).reports
+    assert leftover_processes() == []
+    for r in (0, 1):
+        seen = [op for op, _ in reports[r]["seen"]]
+        assert {op: seen.count(op) for op in seen} == reports[r]["debug"], reports[r]
+        assert seen.count("all_gather_into_tensor") >= 2 and seen.count("allreduce_") == 1, reports[r]

@@ -1,8 +1,8 @@
 """Lesson 13's GPT with FSDP2 on four cards: every block, then the whole model, sharded; every block recomputed in
 backward. Float32 against bf16 mixed precision (fp32 shards, bf16 compute, fp32 gradient reduction) and against
-float32 on other batches (the yardstick); float64 for 4 steps, to compare with one card. Reports the losses, the loss
-on a fixed batch after every step, the bytes of the model states each rank holds, the float64 weights, and the first
-step's gradient in float32 and float64."""
+float32 on other batches (the yardstick); float64 for 4 steps, to compare with one card; one step reducing in bf16.
+Reports the losses, the loss on a fixed batch after every step, the bytes of the model states each rank holds and their
+dtypes, the float64 weights, and the first step's gradient in float32 and float64."""
 import os, sys, torch, torch.distributed as dist, torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
@@ -27,6 +27,7 @@ runs = {}
 for run, policy, dtype, data_seed, steps in (("float32", MixedPrecisionPolicy(), torch.float32, 0, 30),
                                              ("bf16 mixed", MIXED, torch.float32, 0, 30),
                                              ("float32, other batches", MixedPrecisionPolicy(), torch.float32, 1, 30),
+                                             ("bf16 reduce", MixedPrecisionPolicy(torch.bfloat16, torch.bfloat16), torch.float32, 0, 1),
                                              ("float64", MixedPrecisionPolicy(), torch.float64, 0, 4)):
     torch.manual_seed(0)                                         # the same initial weights in every run
     model = GPT(config).to(device, dtype)
