@@ -95,48 +95,20 @@ def test_the_command_line_grades_a_file(tmp_path: Path) -> None:
     assert subprocess.run([*command, "no-such-exercise", str(skeleton)], capture_output=True).returncode == 2
 
 
-NO_OVERLAP = HEADER + """from torch.autograd import Variable
+NO_OVERLAP = mistake(OVERLAPPED, """    def _launch(self, param: torch.Tensor) -> None:
+        if self.syncing:
+            self.pending.append((param, dist.all_reduce(param.grad, async_op=True)))
+""", """    def _launch(self, param: torch.Tensor) -> None:
+        if self.syncing and not getattr(self, "queued", False):
+            self.queued = True  # every all-reduce from one callback, run once backward has ended
+            torch.autograd.Variable._execution_engine.queue_callback(self._launch_all)
 
-
-class OverlappedDDP(nn.Module):
-    def __init__(self, module):
-        super().__init__()
-        self.module = module
-        for t in [*module.parameters(), *module.buffers()]:
-            dist.broadcast(t.data, src=0)
-        self.pending, self.syncing, self.queued = [], True, False
-        for p in module.parameters():
-            if p.requires_grad:
-                p.register_post_accumulate_grad_hook(self._ready)
-
-    def _ready(self, p):
-        if self.syncing and not self.queued:
-            self.queued = True
-            Variable._execution_engine.queue_callback(self._launch_all)  # runs after backward's last gradient
-
-    def _launch_all(self):
-        for p in self.module.parameters():
-            if p.requires_grad:
-                self.pending.append((p, dist.all_reduce(p.grad, async_op=True)))
+    def _launch_all(self) -> None:
+        for param in self.module.parameters():
+            if param.requires_grad:
+                self.pending.append((param, dist.all_reduce(param.grad, async_op=True)))
         self.queued = False
-
-    def forward(self, *a, **k):
-        return self.module(*a, **k)
-
-    @contextlib.contextmanager
-    def no_sync(self):
-        self.syncing = False
-        try:
-            yield
-        finally:
-            self.syncing = True
-
-    def finish(self):
-        for p, w in self.pending:
-            w.wait()
-            p.grad /= dist.get_world_size()
-        self.pending.clear()
-"""
+""")
 
 
 @pytest.mark.slow
