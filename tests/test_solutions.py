@@ -112,6 +112,37 @@ for dtype in (None, torch.bfloat16):
     found[key + "_masters"] = sorted({str(p.dtype) for p in ours.parameters()})
     found[key + "_shard_numbers"] = [p.numel() for p in ours.shards]
 
+class Tied(nn.Module):  # the output layer's weight is the embedding's (one parameter in two modules)
+    def __init__(self):
+        super().__init__()
+        self.embed, self.out = nn.Embedding(11, 5), nn.Linear(5, 11)
+        self.out.weight = self.embed.weight
+
+    def forward(self, tokens):
+        return self.out(torch.tanh(self.embed(tokens)))
+
+
+def tied():
+    torch.manual_seed(0)
+    return Tied().to(device, torch.float64)
+
+
+theirs, ours = tied(), tied()
+fully_shard(theirs)
+ours = HandFSDP(ours)
+for model, finish in ((theirs, lambda: None), (ours, ours.finish)):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    for tokens, _target in batches():
+        optimizer.zero_grad()
+        F.cross_entropy(model(tokens).double(), (tokens * 3) % 11).backward()
+        finish()
+        optimizer.step()
+full_theirs = {name: p.full_tensor() for name, p in theirs.named_parameters()}
+full_ours = ours.full_parameters()
+found["tied_gap"] = max(gap([full_ours[n]], [full_theirs[n]]) for n in full_theirs)
+found["tied_still"] = gap([full_ours["out.weight"]], [full_ours["embed.weight"]])
+found["tied_shards"] = [p.numel() for p in ours.shards]
+
 report(**found)
 dist.destroy_process_group()
 sys.stdout.flush()
@@ -137,6 +168,9 @@ def test_the_reference_solutions_train_as_pytorchs_own() -> None:
         assert found["hand_fsdp_masters"] == ["torch.float64"] and found["hand_fsdp_bf16_masters"] == ["torch.float64"]
         assert found["hand_fsdp_shard_numbers"] == [28, 13, 18, 11]  # 55, 25, 35, 21 weights: ceil(n / 2), padded
         assert found["hand_fsdp_names"] is True, found["hand_fsdp_names"]
+        # a weight tied between two modules: one shard, trained as fully_shard trains it, still tied after
+        assert found["tied_shards"] == [28] and found["tied_still"] == 0, found
+        assert found["tied_gap"] <= 1e-14, found["tied_gap"]
     # ZeRO-1: the two ranks' Adam states (2 numbers per parameter) add up to the model's, each holds part of it
     trainable = 55 + 25 + 5 + 7 + 7 + 21 + 3
     states = [result.reports[rank]["state_numbers"] for rank in (0, 1)]

@@ -15,7 +15,9 @@ from torch import nn
 
 
 class OverlappedDDP(nn.Module):
-    """DDP by hand: each gradient's all-reduce starts as soon as backward has accumulated it."""
+    """DDP by hand: each gradient's all-reduce starts as soon as backward has accumulated it. Every parameter
+    that requires a gradient must get one in every step: an unused one fires no hook, so its all-reduce is never
+    sent (DDP needs find_unused_parameters=True there)."""
 
     def __init__(self, module: nn.Module):
         super().__init__()
@@ -54,7 +56,9 @@ class OverlappedDDP(nn.Module):
 
 class BucketedDDP(nn.Module):
     """DDP by hand with buckets: gradients packed, in the order backward produces them, into buckets
-    of about bucket_mb MiB; a bucket's one all-reduce starts when its last gradient is ready."""
+    of about bucket_mb MiB; a bucket's one all-reduce starts when its last gradient is ready. Buckets go out in
+    the order they fill, the same on every rank as backward's order is; DDP launches them in bucket order. As in
+    OverlappedDDP, every parameter that requires a gradient must get one in every step."""
 
     def __init__(self, module: nn.Module, bucket_mb: float = 25.0):
         super().__init__()

@@ -66,7 +66,8 @@ class HandFSDP(nn.Module):
     gathered before its module's forward and again before its backward, freed after each use; its
     gradient is reduce-scattered into the shard. Every other parameter stays whole (gradient all-reduced).
     `compute_dtype` (bf16, fp16): weights gathered and used in it; masters, their gradients and the optimizer
-    keep the model's own dtype (float32)."""
+    keep the model's own dtype (float32). A weight tied between modules (one parameter in both) keeps one shard,
+    gathered for each use; its gradient is the sum of both uses'."""
 
     def __init__(self, module, compute_dtype=None, shard_types=(nn.Linear, nn.Embedding)):
         super().__init__()
@@ -74,10 +75,15 @@ class HandFSDP(nn.Module):
         rank, world = dist.get_rank(), dist.get_world_size()
         self.shards, self.whole = nn.ParameterList(), nn.ParameterList()
         self.shapes, self.padded, self.names, self.places = [], [], [], []
+        seen = {}  # id(parameter): (sharded, k); a weight tied between modules keeps one shard
         for module_name, sub in module.named_modules():
             for name, param in list(sub.named_parameters(recurse=False)):
-                dist.broadcast(param.data, src=0)
                 del sub._parameters[name]
+                self.names.append(f"{module_name}.{name}" if module_name else name)
+                if id(param) in seen:
+                    self.places.append((sub, name, *seen[id(param)]))
+                    continue
+                dist.broadcast(param.data, src=0)
                 sharded = isinstance(sub, shard_types) and name == "weight"
                 if sharded:
                     per_rank = -(-param.numel() // world)  # ceil: the last rank's shard is padded
@@ -89,8 +95,8 @@ class HandFSDP(nn.Module):
                     self.padded.append(per_rank * world)
                 else:
                     self.whole.append(nn.Parameter(param.detach(), requires_grad=param.requires_grad))
-                self.names.append(f"{module_name}.{name}" if module_name else name)
-                self.places.append((sub, name, sharded, len(self.shards if sharded else self.whole) - 1))
+                seen[id(param)] = sharded, len(self.shards if sharded else self.whole) - 1
+                self.places.append((sub, name, *seen[id(param)]))
             if any(place[0] is sub for place in self.places):
                 sub.register_forward_pre_hook(self._before)
                 sub.register_forward_hook(self._after)
