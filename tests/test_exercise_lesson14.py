@@ -60,6 +60,44 @@ def ring_attention(q, k, v):
     return torch.softmax(q @ kv[0].transpose(-2, -1) / q.shape[-1] ** 0.5, -1) @ kv[1]
 '''
 
+# correct: keys and values as two messages, blocks sent left, merged by log-sum-exp; the list of each step's
+# requests is replaced only once the next step's are posted, so for that moment it still refers to the block
+# before last (a ring holds two blocks while it computes; the check weighs them when a transfer completes)
+TWO_MESSAGES = '''import math
+import torch
+import torch.distributed as dist
+
+
+def ring_attention(q, k, v):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    to, source = (rank - 1) % world, (rank + 1) % world
+    out = lse = None
+    for step in range(world):
+        if step < world - 1:
+            next_k, next_v = torch.empty_like(k), torch.empty_like(v)
+            requests = [dist.isend(k, to), dist.isend(v, to), dist.irecv(next_k, source), dist.irecv(next_v, source)]
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        block_lse = torch.logsumexp(scores, -1, keepdim=True)
+        block_out = torch.softmax(scores, -1) @ v
+        if out is None:
+            out, lse = block_out, block_lse
+        else:
+            merged = torch.logaddexp(lse, block_lse)
+            out = out * torch.exp(lse - merged) + block_out * torch.exp(block_lse - merged)
+            lse = merged
+        if step < world - 1:
+            for request in requests:
+                request.wait()
+            k, v = next_k, next_v
+    return out
+'''
+
+ONE_TRANSFER_TOO_MANY = RING.replace("if step < world - 1:", "if True:")
+
+KEEPS_EVERY_REQUEST = mistake(RING, "    for step in range(world):\n", "    kept = []\n    for step in range(world):\n")
+KEEPS_EVERY_REQUEST = mistake(KEEPS_EVERY_REQUEST, "receiving = dist.irecv(incoming, left)\n",
+                              "receiving = dist.irecv(incoming, left)\n            kept.append(sending)\n")
+
 SKELETON = "import torch\nimport torch.distributed as dist\n\n\ndef ring_attention(q, k, v):\n" \
            "    # your code here\n    raise NotImplementedError\n"
 
@@ -84,12 +122,20 @@ def test_ring_attention_reference_passes_and_counts_the_blocks(tmp_path: Path) -
 
 
 @pytest.mark.slow
+def test_ring_attention_passes_a_ring_that_replaces_its_requests_after_posting_the_next(tmp_path: Path) -> None:
+    verdict = ring_attention.check(write(tmp_path, TWO_MESSAGES), nproc=4)   # 4 ranks: the block before last was received
+    assert "all 4 ranks" in verdict and "at most 2 received blocks" in verdict
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("text, nproc, named", [
     (AVERAGED, 2, "each equals the plain average of the 2 blocks' own attention outputs"),
     (NOT_RESCALED, 2, "exactly those whose largest score rose after the first block"),
     (SKIPS_A_SEND, 2, r"Rank\(s\) \[0\] posted 0 send\(s\) where the other ranks posted 1"),
-    (GATHERED, 4, r"sent to rank\(s\) \[.*, .*\], and held 3 received blocks at once"),
-], ids=["averaged", "not-rescaled", "skips-a-send", "gathered"])
+    (GATHERED, 4, r"sent to rank\(s\) \[.*, .*\], and held 3 received blocks at once.* is a gather"),
+    (ONE_TRANSFER_TOO_MANY, 2, r"received 8,192 B .* one transfer too many"),
+    (KEEPS_EVERY_REQUEST, 4, r"held 3 received blocks at once .* the requests of earlier steps"),
+], ids=["averaged", "not-rescaled", "skips-a-send", "gathered", "one-transfer-too-many", "keeps-every-request"])
 def test_ring_attention_names_each_mistake(tmp_path: Path, text: str, nproc: int, named: str) -> None:
     with pytest.raises(CheckFailed, match=named) as failure:   # a short time limit where the ring is meant to wait
         ring_attention.check(write(tmp_path, text), nproc=nproc, seconds=3.0 if text is SKIPS_A_SEND else 10.0)
@@ -134,3 +180,9 @@ def test_expert_dispatch_names_each_mistake(tmp_path: Path, text: str, named: st
         expert_dispatch.check(write(tmp_path, text), nproc=2,
                               seconds=3.0 if text in (NO_COUNTS, SKIPS_THE_COUNTS) else 10.0)
     print(failure.value)
+
+
+
+def test_expert_dispatch_refuses_a_world_size_that_does_not_divide_the_experts_before_a_launch(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="divides its 8 experts .*; not 3"):
+        expert_dispatch.check(write(tmp_path, DISPATCH), nproc=3)

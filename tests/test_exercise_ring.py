@@ -53,6 +53,42 @@ def ring_all_reduce(tensor):
     return tensor
 '''
 
+OUT_OF_PLACE = HEADER + '''
+def ring_all_reduce(tensor):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = tensor.clone()                  # works on a copy: the caller's tensor is left as it was
+    chunks = list(out.tensor_split(world))
+    right, left = (rank + 1) % world, (rank - 1) % world
+    for step in range(2 * (world - 1)):
+        send, recv = (rank - step) % world, (rank - step - 1) % world
+        incoming = torch.empty_like(chunks[recv])
+        request = dist.isend(chunks[send].clone(), right)
+        dist.recv(incoming, left)
+        request.wait()
+        if step < world - 1:
+            chunks[recv] += incoming
+        else:
+            chunks[recv].copy_(incoming)
+    return out
+'''
+
+PAIRWISE = HEADER + '''
+def ring_all_reduce(tensor):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    chunks = tensor.tensor_split(world)
+    others = [r for r in range(world) if r != rank]
+    incoming = {r: torch.empty_like(chunks[rank]) for r in others}
+    requests = [dist.isend(chunks[r].clone(), r) for r in others] + [dist.irecv(incoming[r], r) for r in others]
+    for request in requests:
+        request.wait()
+    for r in others:                      # every rank sums its own chunk from every other rank directly...
+        chunks[rank].add_(incoming[r])
+    requests = [dist.isend(chunks[rank], r) for r in others] + [dist.irecv(chunks[r], r) for r in others]
+    for request in requests:              # ...and sends it to every other: the ring's bytes, but no ring
+        request.wait()
+    return tensor
+'''
+
 BUILT_IN = HEADER + "def ring_all_reduce(tensor):\n    dist.all_reduce(tensor)\n    return tensor\n"
 SKELETON = HEADER + "def ring_all_reduce(tensor):\n    # your code here\n    raise NotImplementedError\n"
 
@@ -94,8 +130,11 @@ def test_reference_passes_and_counts_the_ring_bytes(tmp_path):
     (AVERAGE, 2, "your ring averages"),
     (GATHER_ON_ZERO, 4, "everything passes through one rank"),
     (BUILT_IN, 2, "your ring calls all_reduce"),
-], ids=["deadlock", "uneven-chunks", "reduce-scatter-only", "average", "gather-on-zero", "built-in"])
+    (OUT_OF_PLACE, 2, "returned a new tensor with the right sums; the argument was not summed in place"),
+    (PAIRWISE, 4, "rank 0 sent to ranks [1, 2, 3]: that is not a ring"),
+], ids=["deadlock", "uneven-chunks", "reduce-scatter-only", "average", "gather-on-zero", "built-in", "out-of-place",
+        "pairwise"])
 def test_each_mistake_is_named(tmp_path, text, nproc, named):
-    with pytest.raises(CheckFailed, match=named.replace("(", r"\(")) as failure:
+    with pytest.raises(CheckFailed, match=named.replace("(", r"\(").replace("[", r"\[")) as failure:
         ring.check(write(tmp_path, text), nproc=nproc, seconds=3.0)
     print(failure.value)

@@ -59,3 +59,12 @@ def test_each_mistake_is_named(tmp_path, text, named):
     with pytest.raises(CheckFailed, match=named.replace("(", r"\(").replace(")", r"\)")) as failure:
         tensor_parallel.check(write(tmp_path, text), nproc=2)
     print(failure.value)
+
+
+def test_a_world_size_that_does_not_divide_the_hidden_width_is_refused_before_a_launch(tmp_path, capsys):
+    from fourcard_helpers import exercises
+    with pytest.raises(ValueError, match="divides the hidden width 16 .*; not 3"):
+        tensor_parallel.check(write(tmp_path, SOLUTION), nproc=3)
+    # the terminal's check says so as a usage error (exit 2), not a traceback
+    assert exercises.main(["tensor-parallel-mlp", str(write(tmp_path, SOLUTION)), "--nproc", "3"]) == 2
+    assert "not 3" in capsys.readouterr().err

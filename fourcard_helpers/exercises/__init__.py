@@ -142,7 +142,7 @@ def main(argv: Sequence[str]) -> int:
     except NotImplementedError as skeleton:
         print("○ " + _("{name}: not attempted yet. {detail}").format(name=name, detail=skeleton))
         return 2
-    except (KeyError, FileNotFoundError) as usage:
+    except (KeyError, FileNotFoundError, ValueError) as usage:
         print(str(usage).strip("\"'"), file=sys.stderr)
         return 2
     print("✓ " + _("{name}: correct. {verdict}").format(name=name, verdict=verdict))

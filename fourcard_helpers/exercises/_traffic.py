@@ -32,13 +32,14 @@ GRACE_SECONDS = 1.0  # a rank whose limit passed waits this long before it exits
 class _Watched:
     """A send's or receive's request: marks the operation done when `wait()` returns."""
 
-    def __init__(self, work: Any, op: dict[str, Any]) -> None:
-        self._work, self._op = work, op
+    def __init__(self, work: Any, op: dict[str, Any], traffic: Traffic) -> None:
+        self._work, self._op, self._traffic = work, op, traffic
 
     def wait(self, *args: Any, **kwargs: Any) -> Any:
         self._op["waiting"] = True
         result = self._work.wait(*args, **kwargs)
         self._op["done"] = True
+        self._traffic.completed(self._op)
         return result
 
     def __getattr__(self, name: str) -> Any:
@@ -74,6 +75,10 @@ class Traffic:
         self.ops.clear()
         self.collectives.clear()
 
+    def completed(self, op: dict[str, Any]) -> None:
+        """Called when a send or receive is waited for and done (a blocking `send`/`recv` waits too): what an
+        exercise measures at that moment, in a subclass."""
+
     def _post(self, kind: str, real: Any, tensor: torch.Tensor, peer: int | None, *args: Any, **kwargs: Any) -> Any:
         """Record the operation, then post it as torch would (`send` and `recv` pass the peer as group_dst/src)."""
         named = peer if peer is not None else kwargs.get("group_dst" if kind == "send" else "group_src")
@@ -81,7 +86,7 @@ class Traffic:
               "done": False, "waiting": False, "during": self.label}
         self.ops.append(op)
         work = real(tensor, peer, *args, **kwargs)
-        return None if work is None else _Watched(work, op)
+        return None if work is None else _Watched(work, op, self)
 
     @contextmanager
     def watch(self) -> Iterator[Traffic]:

@@ -125,9 +125,9 @@ def _diagnose(cases_by_rank: list[list[dict[str, Any]]], stages: int) -> str:
              for k, m in enumerate(cases(stages))}
     more, fewer = cases(stages)
     return _("the loss and every parameter's gradient equal one card's in float64 within its rounding, for {p} stages "
-             "with {more} and with {fewer} micro-batches; every stage ran 1F1B's order, so with {more} micro-batches "
-             "the stages held at most {peaks} micro-batches' activations at once (p − s), where GPipe's order holds "
-             "{more} on every stage.").format(p=stages, more=more, fewer=fewer, peaks=peaks[more])
+             "with {more} and with {fewer} micro-batches; every stage ran 1F1B's order, which with {more} micro-batches "
+             "allows the stages at most {peaks} micro-batches' activations at once (p − s) if each is freed after "
+             "its backward, where GPipe's order keeps {more} on every stage.").format(p=stages, more=more, fewer=fewer, peaks=peaks[more])
 
 
 def _on_rank() -> None:

@@ -6,9 +6,10 @@ place, with a reduce-scatter and then an all-gather around the ring, using only 
 number of ranks does and does not divide (1 included, where most ranks own an empty chunk), in
 float64 on integers, where every order of addition gives the same sum, so "equal to
 `all_reduce`" means equal to the bit. It counts the bytes each rank sends: the ring's point is
-2(n−1)/n × the tensor per rank, where gathering everything on one rank makes that rank send
-(n−1) × the tensor. A mistake is named from what the ranks saw: a wait that never ends, the
-positions that are wrong and on which ranks, the chunks each rank has right, the bytes.
+2(n−1)/n × the tensor per rank, to its neighbours only, where gathering everything on one rank
+makes that rank send (n−1) × the tensor; and it checks that the argument itself was summed, not a
+copy. A mistake is named from what the ranks saw: a wait that never ends, the positions that are
+wrong and on which ranks, the chunks each rank has right, a copy, the bytes, the peers.
 """
 from __future__ import annotations
 
@@ -50,7 +51,9 @@ def _diagnose_wait(stuck: dict[int, dict[str, Any]], seconds: float) -> str:
     cause = _("Every rank that waited was waiting to receive, so no rank was sending: a blocking `dist.recv` "
               "posted before the send it should pair with waits for ever when its neighbour does the same. "
               "Post the send first without blocking (`req = dist.isend(...)`, then `dist.recv(...)`, then "
-              "`req.wait()`), or let even ranks send first and odd ranks receive first.") \
+              "`req.wait()`), or let even ranks send first and odd ranks receive first. That is enough on gloo, "
+              "which this check runs on; on NCCL an ungrouped send may wait for its receive, so post each step's "
+              "pair together with `dist.batch_isend_irecv([...])`.") \
         if len(receiving) == len(stuck) else \
         _("A send or receive that no rank matches waits for ever: every send needs a receive on its peer, "
           "posted in an order that lets both proceed.")
@@ -104,6 +107,13 @@ def _diagnose(cases_by_rank: list[list[dict[str, Any]]], world: int) -> str:
                                "{world} pieces whose lengths differ by one at most (some empty when the tensor is "
                                "shorter than {world}).").format(world=world, right=right)
         raise CheckFailed(message)
+    copied = [length for length, ranks in by_length.items() if not all(case["in_place"] for case in ranks)]
+    if copied:
+        raise CheckFailed(_("for {lengths} numbers your function returned a new tensor with the right sums; the "
+                            "argument was not summed in place, so the caller's tensor still holds its own numbers "
+                            "(as `dist.all_reduce(tensor)` would not leave it). Work on `tensor` itself (its chunks "
+                            "are views of it: `tensor.tensor_split(world)`), and return it.").format(
+                                lengths=copied))
     ranks = by_length[max(by_length)]
     size = 8 * max(by_length)
     ring = 2 * (world - 1) / world * size
@@ -118,6 +128,15 @@ def _diagnose(cases_by_rank: list[list[dict[str, Any]]], world: int) -> str:
                             "ring's does. Send each chunk to the next rank only, one chunk per step.").format(
                                 length=max(by_length), rank=heaviest, factor=ranks[heaviest]["bytes"] / size,
                                 peers=peers, world=world, ring=ring / size))
+    far = [(r, sorted(int(peer) for peer in case["sends_to"])) for r, case in enumerate(ranks)
+           if any(int(peer) not in ((r + 1) % world, (r - 1) % world) for peer in case["sends_to"])]
+    if far:
+        rank, peers = far[0]
+        raise CheckFailed(_("the sums and the bytes are right, but for {length:,} numbers rank {rank} sent to ranks "
+                            "{peers}: that is not a ring, whose ranks send only to a neighbour (rank + 1, and rank − 1 "
+                            "in a ring run both ways). A direct exchange between every pair sends as many bytes but "
+                            "needs a link from each card to every other; send each chunk to the next rank, one chunk "
+                            "per step.").format(length=max(by_length), rank=rank, peers=peers))
     return _("equal to `dist.all_reduce` on all {world} ranks, to the bit (float64, integers), for lengths {lengths}; "
              "for {length:,} numbers each rank sent {low:.3f}–{high:.3f} × the tensor, {total:.2f} × in all over "
              "{world} ranks: 2({world}−1)/{world} = {ring:.2f} × per rank, where gathering on one rank makes that "
@@ -171,6 +190,7 @@ def _on_rank() -> None:
         if out.shape == expected.shape:
             wrong = (out != expected).nonzero().flatten().tolist()
             case.update(wrong=len(wrong), wrong_ranges=_ranges(wrong)[:4],
+                        in_place=bool(torch.equal(tensor.detach().cpu(), expected)),
                         unsummed=int((out[wrong] == mine[wrong]).sum()) if wrong else 0,
                         averaged=bool(wrong) and torch.allclose(out * world, expected, rtol=1e-12, atol=0),
                         chunks_right=[bool(torch.equal(a, b)) for a, b in

@@ -7,10 +7,11 @@ ranks and merging each block into a running output by the online-softmax rule. T
 real ranks in float64 and compares each rank's output with one card's attention over the whole
 sequence. It measures the ring's point: each rank receives n−1 blocks of keys and values from one
 neighbour, and never holds more than two received blocks at once (the one in use and the one
-arriving), where gathering every block holds the whole sequence. A mistake is named from what the
-ranks saw: outputs equal to the plain average of the blocks' own outputs; wrong exactly at the
-queries whose largest score rose after the first block (the running output not rescaled); a rank
-that skipped a send (named from the ranks' records at the time limit); the bytes held.
+arriving; weighed each time a transfer completes), where gathering every block holds the whole
+sequence. A mistake is named from what the ranks saw: outputs equal to the plain average of the
+blocks' own outputs; wrong exactly at the queries whose largest score rose after the first block
+(the running output not rescaled); a rank that skipped a send (named from the ranks' records at the
+time limit); a gather, one transfer too many, blocks kept after use.
 """
 from __future__ import annotations
 
@@ -44,7 +45,9 @@ def _diagnose_wait(stuck: dict[int, dict[str, Any]], seconds: float) -> str:
                       ranks=few, few=min(sends[r] for r in few), most=most)
     elif all(record["pending"] and all(op["op"] == "recv" for op in record["pending"]) for record in stuck.values()):
         cause = _("Every rank that waited was waiting to receive, so no rank was sending: post the send first "
-                  "without blocking (`req = dist.isend(...)`, then the receive, then `req.wait()`).")
+                  "without blocking (`req = dist.isend(...)`, then the receive, then `req.wait()`). That is enough on "
+                  "gloo, which this check runs on; on NCCL an ungrouped send may wait for its receive, so post each "
+                  "step's pair together with `dist.batch_isend_irecv([...])`.")
     else:
         cause = _("A send or receive that no rank matches waits for ever: every send needs a receive on its peer, "
                   "posted in an order that lets both proceed.")
@@ -95,19 +98,35 @@ def _diagnose(reports: list[dict[str, Any]], world: int) -> str:
     for rank, report in enumerate(reports):
         peers = sorted(int(peer) for peer in report["sends_to"])
         held = report["held"] / block
-        if report["received"] != expected or len(peers) > 1 or held > 2:
-            raise CheckFailed(_(
-                "the output is right, but rank {rank} received {received:,} B (a ring: {world}−1 = {steps} blocks of "
-                "{block:,} B, {expected:,} B), sent to rank(s) {peers}, and held {held:g} received blocks at once "
-                "({held_bytes:,} B): a gather of every rank's keys and values puts the whole sequence on each card. "
-                "A ring sends to one neighbour, receives from the other, and holds two blocks at most: the one in "
-                "use and the one arriving; drop each block once it has been used and passed on.").format(
-                    rank=rank, received=report["received"], world=world, steps=world - 1, block=block,
-                    expected=expected, peers=peers, held=held, held_bytes=report["held"]))
+        found = _("the output is right, but rank {rank} received {received:,} B (a ring: {world}−1 = {steps} blocks "
+                  "of {block:,} B, {expected:,} B), sent to rank(s) {peers}, and held {held:g} received blocks at once "
+                  "({held_bytes:,} B) when a transfer completed.").format(
+                      rank=rank, received=report["received"], world=world, steps=world - 1, block=block,
+                      expected=expected, peers=peers, held=held, held_bytes=report["held"])
+        if len(peers) > 1:
+            raise CheckFailed(found + " " + _(
+                "Sending to several ranks is a gather: every rank's keys and values end up on each card, the whole "
+                "sequence. A ring sends to one neighbour and receives from the other, one block a step."))
+        if report["received"] == world * block:
+            raise CheckFailed(found + " " + _(
+                "That is one transfer too many: after {steps} steps every block has come by, so the block received "
+                "in the last step is never used. Post a transfer only while step < {world} − 1.").format(
+                    steps=world - 1, world=world))
+        if report["received"] != expected:
+            raise CheckFailed(found + " " + _(
+                "A ring passes each block on once a step, {steps} steps, one block of keys and values each.").format(
+                    steps=world - 1))
+        if held > 2:
+            raise CheckFailed(found + " " + _(
+                "A ring holds two blocks at most: the one in use and the one arriving. Something still refers to "
+                "blocks already used and passed on: a list that keeps them, or the requests of earlier steps (an "
+                "`isend`'s request, or the list from `dist.batch_isend_irecv`, keeps its tensor until it is "
+                "dropped); keep only this step's requests, and drop each block once it has been used and passed on."))
     most = max(report["held"] for report in reports) / block
     return _("equal to one card's attention over the whole sequence on all {world} ranks (float64, within {tol:g}); "
              "each rank received {steps} blocks of keys and values of {block:,} B ({expected:,} B) from one neighbour "
-             "and held at most {most:g} received blocks at once, never the whole sequence ({whole:,} B).").format(
+             "and held at most {most:g} received blocks at once when a transfer completed, never the whole "
+             "sequence ({whole:,} B).").format(
                  world=world, tol=TOLERANCE, steps=world - 1, block=block, expected=expected, most=most,
                  whole=world * block)
 
@@ -142,8 +161,10 @@ def _on_rank() -> None:
     from fourcard_helpers.exercises._traffic import Traffic, time_limit
 
     class Holding(Traffic):
-        """Traffic that also weighs the received tensors' storages still alive each time a send or receive is
-        posted: the blocks a rank holds at once (a buffer received into counts whole, whatever part was used)."""
+        """Traffic that also weighs the received tensors' storages still alive each time a send or receive
+        completes: the blocks a rank holds while it computes (a buffer received into counts whole, whatever part
+        was used). Not when one is posted: while a step's new requests are being posted, the previous step's
+        finished ones may still refer to the block before last, for the moment the learner's code replaces them."""
 
         def __init__(self) -> None:
             super().__init__()
@@ -152,12 +173,13 @@ def _on_rank() -> None:
 
         def _post(self, kind: str, real: Any, tensor: torch.Tensor, peer: int | None, *args: Any, **kwargs: Any
                   ) -> Any:
-            work = super()._post(kind, real, tensor, peer, *args, **kwargs)
             if kind == "recv":
                 storage = tensor.untyped_storage()
                 self.storages[storage.data_ptr()] = (StorageWeakRef(storage), storage.nbytes())
+            return super()._post(kind, real, tensor, peer, *args, **kwargs)
+
+        def completed(self, op: dict[str, Any]) -> None:
             self.held = max(self.held, sum(n for ref, n in self.storages.values() if not ref.expired()))
-            return work
 
     learner, device, parameters = _ranks.start()
     rank, world = dist.get_rank(), dist.get_world_size()

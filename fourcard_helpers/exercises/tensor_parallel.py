@@ -32,6 +32,10 @@ def check(path: Path, nproc: int = 4) -> str:
     """Run the file's layers as the Megatron MLP on `nproc` ranks; the verdict, or CheckFailed naming the mistake."""
     from fourcard_helpers.exercises import harness
 
+    if HIDDEN % nproc:
+        raise ValueError(_("{name} runs on a number of ranks that divides the hidden width {hidden} (2, 4, 8 or 16), "
+                           "so that every rank holds an equal slice; not {nproc}.").format(
+                               name=NAME, hidden=HIDDEN, nproc=nproc))
     harness.skeleton(path, DEFINES)
     result = harness.launch(__file__, path, nproc)
     calls = {rank: [(e["phase"], e["op"], e["numel"]) for e in harness.launches(trace)
