@@ -7,10 +7,11 @@ from .attention import ring_attention
 from .ddp import BucketedDDP, OverlappedDDP
 from .experts import expert_dispatch
 from .pipeline import one_f_one_b
+from .plans import block_plan
 from .ring import ring_all_reduce
 from .sharding import HandFSDP, ShardedOptimizer
 from .tensor_parallel import ColumnParallelLinear, CopyToShards, ReduceFromShards, RowParallelLinear
 
 __all__ = ["OverlappedDDP", "BucketedDDP", "ShardedOptimizer", "HandFSDP", "ring_all_reduce", "one_f_one_b",
            "CopyToShards", "ReduceFromShards", "ColumnParallelLinear", "RowParallelLinear",
-           "ring_attention", "expert_dispatch"]
+           "ring_attention", "expert_dispatch", "block_plan"]

@@ -1,0 +1,69 @@
+"""Lesson 13's build exercise, the tensor + sequence parallel plan of a GPT block: the reference passes, the
+skeleton is "not attempted" without a launch, and each mistake is named from what the ranks found (real torchrun,
+gloo, two ranks: the diagnoses are the same as on four)."""
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import pytest
+
+from fourcard_helpers import exercises
+from fourcard_helpers.check import CheckFailed
+from fourcard_helpers.exercises import sequence_parallel_block
+from fourcard_helpers.solutions import plans as reference
+
+SOLUTION = inspect.getsource(reference)
+
+
+def changed(old: str, new: str) -> str:
+    assert SOLUTION.count(old) == 1, old   # the mistake is the reference with this one change
+    return SOLUTION.replace(old, new)
+
+
+NO_SEQUENCE_PARALLEL_NORMS = changed('        "attention_norm": SequenceParallel(),   # each card normalises its half '
+                                     'of the positions\n        "mlp_norm": SequenceParallel(),\n', "")
+ROW_PLANNED_AS_COLUMN = changed('"attention.wo": RowwiseParallel(output_layouts=Shard(1)),', '"attention.wo": ColwiseParallel(),')
+WHOLE_SEQUENCE_OUT = SOLUTION.replace("RowwiseParallel(output_layouts=Shard(1))", "RowwiseParallel()")
+NO_GATHER_BEFORE_ATTENTION = changed(
+    '        "attention": PrepareModuleInput(input_layouts=halves, desired_input_layouts=whole),   # one all-gather\n', "")
+SKELETON = SOLUTION.split("    halves, whole")[0] + "    raise NotImplementedError\n"
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "my_block_plan.py"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_skeleton_is_not_attempted_without_a_launch(tmp_path):
+    with pytest.raises(NotImplementedError, match="block_plan"):
+        sequence_parallel_block.check(write(tmp_path, SKELETON), nproc=2)
+    assert "sequence-parallel-block" in exercises.catalog()
+
+
+@pytest.mark.slow
+def test_reference_passes_with_one_gather_and_one_scatter_per_sub_layer(tmp_path):
+    verdict = sequence_parallel_block.check(write(tmp_path, SOLUTION), nproc=2)
+    assert "equal one card's in float64" in verdict
+    assert "6 all_gather_into_tensor, 1 all_reduce, 4 reduce_scatter_tensor in forward" in verdict
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("text, named", [
+    (NO_SEQUENCE_PARALLEL_NORMS, "plan the norms SequenceParallel()"),
+    (ROW_PLANNED_AS_COLUMN, "attention.wo holds (8, 16) of its (16, 16) weight on every rank (its output features "
+                            "split: ColwiseParallel)"),
+    (WHOLE_SEQUENCE_OUT, "attention returned (2, 8, 16) on each rank where the residual stream holds (2, 4, 16)"),
+    (NO_GATHER_BEFORE_ATTENTION, "forward called 10 all_gather_into_tensor, 1 all_reduce, 4 reduce_scatter_tensor "
+                                 "where the plan calls 6"),
+], ids=["norms-not-sequence-parallel", "row-layer-as-column", "whole-sequence-out", "no-gather-before-attention"])
+def test_each_mistake_is_named(tmp_path, text, named):
+    with pytest.raises(CheckFailed) as failure:
+        sequence_parallel_block.check(write(tmp_path, text), nproc=2)
+    assert named in str(failure.value), str(failure.value)
+
+
+def test_a_number_of_ranks_that_does_not_divide_the_heads_is_refused_before_a_launch(tmp_path):
+    with pytest.raises(ValueError, match="divides the 4 heads and the 8 positions .*; not 3"):
+        sequence_parallel_block.check(write(tmp_path, SOLUTION), nproc=3)
