@@ -3,8 +3,9 @@
 SLURM is where a learner goes when one machine's cards are no longer enough, and a first job on a
 real cluster is where a day gets lost. Lesson 12's batch file runs here for real: SLURM's own
 daemons (`munged` for authentication, `slurmctld` the controller, one `slurmd` per node), each node
-a name with its own port and the address 127.0.0.1, everything in one folder the learner owns. (The
-daemons listen on every interface, as SLURM's do; only holders of the folder's munge key get in.)
+a name with its own port, its share of the machine's cores and memory, and the address 127.0.0.1, on
+which alone the daemons listen. Everything is in one folder the learner owns, except munge's socket,
+which must be open to all (see _munge_dir), and what every user's clusters share in /tmp/fourcards-slurm.
 
     python -m fourcard_helpers.slurm up [--nodes 2] [--dir DIR]   # prints the line to paste: export SLURM_CONF=...
     python -m fourcard_helpers.slurm status [--dir DIR]
@@ -21,7 +22,8 @@ controller could not end it: each of this cluster's `slurmstepd` processes and e
 With GPUs (`/dev/nvidia0`, ...), each node gets an equal share of them as a GRES, so that a batch file's
 `--gpus-per-node` works unchanged. Several practice clusters may run at once (the tests and a lesson, say):
 each numbers its jobs from a block of its own, since lesson 12's file takes its rendezvous port from the
-job id. Needs Debian's or Ubuntu's `slurm-wlm munge` (SLURM 22.05 tried); nothing runs as root.
+job id. Needs Debian's or Ubuntu's `slurm-wlm munge` (SLURM 22.05 tried); nothing needs root. A job's
+history: `sacct --completion` (no accounting database, SLURM's slurmdbd, runs here).
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ import secrets
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -58,6 +61,11 @@ IDLE_TIMEOUT = 60.0  # bounds only a node that never comes up; the wait itself e
 # Lesson 12's batch file listens for its rendezvous on port 20000 + job id % 10000, one port per job on a real
 # cluster. Practice clusters on one machine would all number their jobs from 1: each takes a block of its own.
 JOB_ID_BLOCK, JOB_ID_BLOCKS = 1000, 10
+SHARED_DIR = Path("/tmp/fourcards-slurm")  # what all users' clusters share: see _shared_dir
+# A job step's credential is good for CRED_EXPIRE seconds: its step must start within them, which a machine
+# busy with other work may take seconds to do (SLURM: 120). A requeued job also waits as long before it starts
+# again, which lesson 12b waits for once.
+CRED_EXPIRE = 20
 
 
 class ClusterError(RuntimeError):
@@ -73,6 +81,7 @@ class Cluster:
     pids: dict[str, int]  # daemon name ("munged", "slurmctld", "slurmd n1", ...) -> pid
     first_job_id: int = 1  # this cluster's jobs are numbered from here
     gpus_per_node: int = 0  # each node's share of the machine's GPUs, as the GRES gpu
+    munge_dir: Path | None = None  # the folder of munge's socket, outside `dir` (see _munge_dir)
 
     @property
     def conf(self) -> Path:
@@ -163,7 +172,8 @@ def _read_state(folder: Path) -> Cluster | None:
     except (OSError, ValueError):
         return None
     return Cluster(dir=folder, nodes=tuple(state["nodes"]), pids=dict(state["pids"]),
-                   first_job_id=state.get("first_job_id", 1), gpus_per_node=state.get("gpus_per_node", 0))
+                   first_job_id=state.get("first_job_id", 1), gpus_per_node=state.get("gpus_per_node", 0),
+                   munge_dir=Path(state["munge_dir"]) if state.get("munge_dir") else None)
 
 
 def gpu_files() -> list[str]:
@@ -178,11 +188,28 @@ def _share(files: list[str], nodes: list[str]) -> dict[str, list[str]]:
     return {name: files[i * each:(i + 1) * each] for i, name in enumerate(nodes)}
 
 
+def _shared_dir() -> Path:
+    """The folder every user's practice clusters meet in: the machine lock, the job-id claims, munge's sockets.
+    A fixed place, not $TMPDIR (which each user may set apart), open to all as /tmp is (sticky: each removes
+    only their own files)."""
+    try:
+        SHARED_DIR.mkdir(mode=0o1777, exist_ok=True)
+        if SHARED_DIR.stat().st_uid == os.geteuid():
+            SHARED_DIR.chmod(0o1777)  # mkdir's mode passes through the umask
+    except OSError as error:
+        raise ClusterError(f"cannot use {SHARED_DIR}, where practice clusters of every user on this machine take "
+                           f"their job ids: {error}. Ask whoever owns it to make it writable by all (chmod 1777).") from error
+    if not os.access(SHARED_DIR, os.W_OK | os.X_OK):
+        raise ClusterError(f"{SHARED_DIR} is not writable by you: practice clusters of every user on this machine "
+                           "take their job ids there. Ask whoever owns it to make it writable by all (chmod 1777).")
+    return SHARED_DIR
+
+
 @contextmanager
 def _machine_lock() -> Iterator[None]:
     """One `up` at a time on this machine, whoever runs it (learners may share a server): each sees the
-    job-id blocks claimed before it. A lock on a file every user can open for reading."""
-    fd = os.open(Path(tempfile.gettempdir()) / "fourcards-slurm.lock", os.O_RDONLY | os.O_CREAT, 0o644)
+    job-id blocks claimed before it. An flock, which the system releases when its holder dies, however it dies."""
+    fd = os.open(_shared_dir() / "up.lock", os.O_RDONLY | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -191,31 +218,49 @@ def _machine_lock() -> Iterator[None]:
 
 
 def _claim(first_job_id: int) -> Path:
-    """The machine-wide record that a running cluster numbers its jobs from `first_job_id`."""
-    return Path(tempfile.gettempdir()) / f"fourcards-slurm-jobs-{first_job_id}.json"
+    """The machine-wide claim of the block of job ids from `first_job_id`: the pid file of the controller
+    that numbers its jobs from there. slurmctld holds a lock on its pid file (fcntl's, which the system
+    releases when the process ends, however it ends): the block is held exactly as long as it runs."""
+    return _shared_dir() / f"jobs-{first_job_id}.pid"
 
 
-def _claim_holder(claim: Path) -> dict | None:
-    """A claim's record ({"folder", "pid"}) while its process runs; None for a stale claim or none."""
+def _record(first_job_id: int) -> Path:
+    """Which cluster folder claimed the block (for people, and the tests): the lock is what counts."""
+    return _shared_dir() / f"jobs-{first_job_id}.json"
+
+
+def _locked(path: Path) -> bool:
+    """Whether a process holds a lock on `path` now. Asks without taking one (F_GETLK): a lock taken, even for
+    a moment, could make a controller starting just then fail to lock its pid file."""
     try:
-        record = json.loads(claim.read_text())
-    except (OSError, ValueError):
-        return None
-    return record if alive(int(record.get("pid", -1))) else None
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        asked = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
+        return struct.unpack("hhqqi4x", fcntl.fcntl(fd, fcntl.F_GETLK, asked))[0] != fcntl.F_UNLCK
+    finally:
+        os.close(fd)
 
 
-def _write_claim(claim: Path, folder: Path, pid: int, new: bool) -> None:
-    flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if new else os.O_TRUNC)
-    with os.fdopen(os.open(claim, flags, 0o644), "w") as out:
-        json.dump({"folder": str(folder), "pid": pid}, out)
+def claimed_blocks() -> dict[str, int]:
+    """The job-id blocks running practice clusters hold now, whoever runs them: {cluster folder: first job id}."""
+    held = {}
+    for first in (1 + JOB_ID_BLOCK * k for k in range(JOB_ID_BLOCKS)):
+        if _locked(_claim(first)):
+            try:
+                held[json.loads(_record(first).read_text())["folder"]] = first
+            except (OSError, ValueError, KeyError):
+                held[f"(unknown, jobs from {first})"] = first
+    return held
 
 
 def _claim_job_ids(folder: Path) -> int:
-    """Claim a block of job ids no other running practice cluster on this machine has, whoever runs it
-    (under the machine lock); held by this process until the controller runs, then by the controller.
-    The blocks are taken in turn, after the one the last cluster took: a new cluster's first job does not get
-    the rendezvous port of the last cluster's first job, which may not be free yet."""
-    last = Path(tempfile.gettempdir()) / "fourcards-slurm-last-block"
+    """A block of job ids no other running practice cluster on this machine has, whoever runs it: the first
+    id. Chosen under the machine lock, and held from the moment this cluster's controller starts, also under
+    it. The blocks are taken in turn, after the one the last cluster took: a new cluster's first job does not
+    get the rendezvous port of the last cluster's first job, which may not be free yet."""
+    last = _shared_dir() / "last-block"
     try:
         after = int(last.read_text())
     except (OSError, ValueError):
@@ -223,35 +268,44 @@ def _claim_job_ids(folder: Path) -> int:
     for k in ((after + 1 + i) % JOB_ID_BLOCKS for i in range(JOB_ID_BLOCKS)):
         first = 1 + JOB_ID_BLOCK * k
         claim = _claim(first)
-        if claim.exists():
-            if _claim_holder(claim) is not None:
-                continue
+        if _locked(claim) or (claim.exists() and not os.access(claim, os.W_OK)):
+            continue  # a running cluster's, or a file another user left, which our controller could not write
+        for path, text in ((_record(first), json.dumps({"folder": str(folder)})), (last, str(k))):
             try:
-                claim.unlink()  # stale: its cluster was killed without `down`
+                with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666), "w") as out:
+                    _open_to_all(out.fileno())
+                    out.write(text)
             except OSError:
-                continue  # another user's stale claim, which only they (or root) may remove: leave that block
-        _write_claim(claim, folder, os.getpid(), new=True)
-        try:
-            with os.fdopen(os.open(last, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666), "w") as out:
-                out.write(str(k))
-            last.chmod(0o666)  # every user's clusters take their turns from it (fails harmlessly if not ours)
-        except OSError:
-            pass  # another user's file we may not write: the turn is a courtesy, the claim is what counts
+                pass  # another user's file we may not write: both are courtesies, the controller's lock counts
         return first
     raise ClusterError(f"{JOB_ID_BLOCKS} practice clusters already run on this machine: stop one with "
                        "`python -m fourcard_helpers.slurm down --dir ...` first.")
 
 
 def _release_job_ids(first_job_id: int, folder: Path) -> None:
-    claim = _claim(first_job_id)
+    """Remove the stopped controller's pid file and the record, if ours: a file of ours left in the shared
+    folder would keep another user's controller from writing it, and so from that block."""
+    claim, record = _claim(first_job_id), _record(first_job_id)
     try:
-        if json.loads(claim.read_text()).get("folder") == str(folder):
-            claim.unlink()
+        if claim.stat().st_uid == os.geteuid() and not _locked(claim):
+            claim.unlink()  # the controller removes it when it stops, not when it is killed
+    except OSError:
+        pass
+    try:
+        if json.loads(record.read_text()).get("folder") == str(folder):
+            record.unlink()
     except (OSError, ValueError):
         pass
 
 
-def _write_conf(folder: Path, nodes: list[str], cpus: int, first_job_id: int, gpus: dict[str, list[str]]) -> None:
+def _open_to_all(fd: int) -> None:
+    """Let every user write a shared file we made (the umask may have taken that away); others' we leave."""
+    if os.fstat(fd).st_uid == os.geteuid():
+        os.fchmod(fd, 0o666)
+
+
+def _write_conf(folder: Path, nodes: list[str], cpus: int, memory: int, first_job_id: int, gpus: dict[str, list[str]],
+                munge_socket: Path) -> None:
     user = pwd.getpwuid(os.geteuid()).pw_name  # who runs `up`, not what $USER says
     host = socket.gethostname()
     controller_port, *node_ports = _free_ports(1 + len(nodes))
@@ -263,19 +317,24 @@ def _write_conf(folder: Path, nodes: list[str], cpus: int, first_job_id: int, gp
         f"SlurmUser={user}",  # the learner runs every daemon: no root
         f"SlurmdUser={user}",
         "AuthType=auth/munge",
-        # cred_expire: how long a requeued job waits before it may start again, 120 s by default; 10 s here keeps
-        # the lesson short (a job step must start within it, ample on one machine)
-        f"AuthInfo=socket={folder / 'munge' / 'munge.socket'},cred_expire=10",
+        # cred_expire: how long a job step's credential is good for, 120 s by default; a step must start within it,
+        # and a requeued job waits that long before it may start again. CRED_EXPIRE here (see there).
+        f"AuthInfo=socket={munge_socket},cred_expire={CRED_EXPIRE}",
+        # every daemon listens on the address the cluster gives it (127.0.0.1), not on every interface
+        "CommunicationParameters=NoInAddrAny,NoCtldInAddrAny",
         f"StateSaveLocation={folder / 'state'}",
         f"SlurmdSpoolDir={folder / 'spool' / '%n'}",
-        f"SlurmctldPidFile={folder / 'run' / 'slurmctld.pid'}",
+        f"SlurmctldPidFile={_claim(first_job_id)}",  # its lock is the claim of the job ids (see _claim)
         f"SlurmdPidFile={folder / 'run' / 'slurmd.%n.pid'}",
         f"SlurmctldLogFile={folder / 'log' / 'slurmctld.log'}",
         f"SlurmdLogFile={folder / 'log' / 'slurmd.%n.log'}",
         "ProctrackType=proctrack/linuxproc",  # no cgroups: a learner's laptop or a container may not let us have them
         "TaskPlugin=task/none",
         "SelectType=select/cons_tres",
-        "SelectTypeParameters=CR_Core",
+        # cores and memory are what a job is given (and refused beyond): `--cpus-per-task` and `--mem` as on a
+        # real cluster; a job that names no memory gets its cores' share of the node's
+        "SelectTypeParameters=CR_Core_Memory",
+        f"DefMemPerCPU={memory // cpus}",
         "SchedulerType=sched/backfill",
         # every 2 s rather than SLURM's 60 (main loop) and 30 (backfill): a requeued job starts again as soon as it may
         "SchedulerParameters=sched_interval=2,bf_interval=2",
@@ -284,9 +343,11 @@ def _write_conf(folder: Path, nodes: list[str], cpus: int, first_job_id: int, gp
         "SlurmdTimeout=30",  # a node whose slurmd stopped answering is marked down after 30 s (SLURM: 300)
         "KillWait=5",  # a cancelled job's processes get 5 s between SIGTERM and SIGKILL (SLURM: 30)
         "MinJobAge=3600",  # a finished job's record stays an hour (SLURM: 300 s), for a learner who pauses
-        "AccountingStorageType=accounting_storage/none",  # no slurmdbd: sacct has nothing to read
+        "AccountingStorageType=accounting_storage/none",  # no slurmdbd, SLURM's accounting database
         "JobAcctGatherType=jobacct_gather/none",
-        "JobCompType=jobcomp/none",
+        # instead, a line for each job that ends, in a text file that `sacct --completion` reads
+        "JobCompType=jobcomp/filetxt",
+        f"JobCompLoc={folder / 'log' / 'jobcomp.txt'}",
         f"FirstJobId={first_job_id}",  # this cluster's own block of ids (see JOB_ID_BLOCK)
         f"MaxJobId={first_job_id + JOB_ID_BLOCK - 1}",  # after the block, SLURM numbers from FirstJobId again
     ]
@@ -295,7 +356,7 @@ def _write_conf(folder: Path, nodes: list[str], cpus: int, first_job_id: int, gp
         _write_task_prolog(folder, gpus)
     for name, port in zip(nodes, node_ports):
         gres = f" Gres=gpu:{len(gpus[name])}" if gpus[name] else ""
-        lines.append(f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} CPUs={cpus}{gres} State=UNKNOWN")
+        lines.append(f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} CPUs={cpus} RealMemory={memory}{gres} State=UNKNOWN")
     lines.append(f"PartitionName={PARTITION} Nodes={','.join(nodes)} Default=YES MaxTime=INFINITE State=UP")
     (folder / "slurm.conf").write_text("\n".join(lines) + "\n")
     # gres.conf, beside slurm.conf: which device files are each node's GPUs. SLURM numbers them from 0 on every
@@ -372,15 +433,37 @@ def status(folder: Path = DEFAULT_DIR) -> Cluster | None:
 def up(nodes: int = 2, folder: Path = DEFAULT_DIR, cpus: int | None = None, gpus: list[str] | None = None) -> Cluster:
     """Start a practice cluster of `nodes` nodes in `folder` and wait until every node is idle.
 
-    `gpus`: the GPU device files to share among the nodes (default: this machine's, `gpu_files()`)."""
+    `cpus`: each node's cores (default: an equal share of this machine's, at least one); each node also gets
+    an equal share of its memory. `gpus`: the GPU device files to share among the nodes (default: this
+    machine's, `gpu_files()`). The shares are what SLURM gives out, as on a real cluster whose nodes are
+    machines of their own: a job asking for more cores or memory than a node has is refused."""
     if missing := missing_programs():
         raise ClusterError(f"this machine lacks {', '.join(missing)}: {INSTALL_HINT}.")
     folder = Path(folder).expanduser().resolve()
     with _machine_lock():
-        return _up(nodes, folder, cpus or os.cpu_count() or 1, gpu_files() if gpus is None else gpus)
+        return _up(nodes, folder, cpus or max(1, (os.cpu_count() or 1) // nodes), max(1, _memory_mb() // nodes),
+                   gpu_files() if gpus is None else gpus)
 
 
-def _up(nodes: int, folder: Path, cpus: int, gpus: list[str]) -> Cluster:
+def _memory_mb() -> int:
+    """This machine's memory in MB, as slurmd counts it (MemTotal)."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) // 1024
+    raise ClusterError("cannot read this machine's memory from /proc/meminfo")
+
+
+def _munge_dir() -> Path:
+    """A folder for munge's socket that munged accepts without --force: every folder above the socket must
+    let everyone through (execute permission), as its clients, whoever they are, must reach it to ask for a
+    credential, which names them. A learner's home is often closed to others (0700, 0750), so the socket
+    lives in the shared folder; its key and everything else stay in the cluster's folder, the learner's alone."""
+    made = Path(tempfile.mkdtemp(prefix="munge-", dir=_shared_dir()))
+    made.chmod(0o711)
+    return made
+
+
+def _up(nodes: int, folder: Path, cpus: int, memory: int, gpus: list[str]) -> Cluster:
     if status(folder) is not None:
         raise ClusterError(f"a practice cluster already runs from {folder}: use it, or stop it first with "
                            f"`python -m fourcard_helpers.slurm down --dir {folder}`.")
@@ -393,49 +476,54 @@ def _up(nodes: int, folder: Path, cpus: int, gpus: list[str]) -> Cluster:
     names = [f"n{i + 1}" for i in range(nodes)]
     for name in names:
         (folder / "spool" / name).mkdir()
-    first_job_id, share = _claim_job_ids(folder), _share(gpus, names)
-    _write_conf(folder, names, cpus, first_job_id, share)
+    first_job_id, share, munge_dir = _claim_job_ids(folder), _share(gpus, names), _munge_dir()
+    socket_path = munge_dir / "munge.socket"
+    _write_conf(folder, names, cpus, memory, first_job_id, share, socket_path)
     key = folder / "munge" / "munge.key"
     key.write_bytes(secrets.token_bytes(1024))
-    key.chmod(0o400)  # munged refuses a key that others can read
+    key.chmod(0o400)  # munged refuses a key that others can read, in a folder others can write
     logs = {"munged": folder / "log" / "munged.log", "slurmctld": folder / "log" / "slurmctld.log",  # in the foreground
             # munged writes its log to its standard error; slurmctld and slurmd to the files slurm.conf names
             **{f"slurmd {n}": folder / "log" / f"slurmd.{n}.log" for n in names}}
     conf = str(folder / "slurm.conf")
     pids: dict[str, int] = {}
+
+    def save() -> None:
+        _save(folder, names, pids, first_job_id, len(share[names[0]]), munge_dir)
+
     try:
-        socket_path = folder / "munge" / "munge.socket"
-        # --force: munged wants every folder above its socket open to all (execute permission), and a
-        # learner's home often is not (0700); here only the learner needs to reach the socket
+        save()  # from here, `down` finds the socket's folder
         pids["munged"] = _start(folder, [
-            program("munged"), "--foreground", "--force", f"--socket={socket_path}", f"--key-file={key}",
+            program("munged"), "--foreground", f"--socket={socket_path}", f"--key-file={key}",
             f"--pid-file={folder / 'run' / 'munged.pid'}", f"--seed-file={folder / 'munge' / 'munged.seed'}"],
             logs["munged"])
-        _save(folder, names, pids, first_job_id, len(share[names[0]]))
+        save()
         _wait_for("munged's socket", socket_path.exists, pids, logs, IDLE_TIMEOUT)
+        # it locks its pid file, the claim of the block of job ids, for as long as it runs
         pids["slurmctld"] = _start(folder, [program("slurmctld"), "-D", "-i", "-f", conf],
                                    folder / "log" / "slurmctld.out")
-        _write_claim(_claim(first_job_id), folder, pids["slurmctld"], new=False)  # the block is the controller's now
-        _save(folder, names, pids, first_job_id, len(share[names[0]]))
+        save()
         for name in names:
             pids[f"slurmd {name}"] = _start(folder, [program("slurmd"), "-D", "-N", name, "-f", conf],
                                             folder / "log" / f"slurmd.{name}.out")
-            _save(folder, names, pids, first_job_id, len(share[names[0]]))
+            save()
         cluster = Cluster(dir=folder, nodes=tuple(names), pids=dict(pids), first_job_id=first_job_id,
-                          gpus_per_node=len(share[names[0]]))
+                          gpus_per_node=len(share[names[0]]), munge_dir=munge_dir)
         _wait_for("every node idle", lambda: _all_idle(cluster), pids, logs, IDLE_TIMEOUT)
     except BaseException:
         down(folder)
-        _release_job_ids(first_job_id, folder)  # also when no daemon had started, and `down` found nothing
+        shutil.rmtree(munge_dir, ignore_errors=True)  # also when `down` found no record
+        _release_job_ids(first_job_id, folder)
         raise
     return cluster
 
 
-def _save(folder: Path, names: list[str], pids: dict[str, int], first_job_id: int, gpus_per_node: int) -> None:
+def _save(folder: Path, names: list[str], pids: dict[str, int], first_job_id: int, gpus_per_node: int,
+          munge_dir: Path) -> None:
     """Record each pid as soon as it exists: a `down` after any failure finds every daemon."""
     temporary = _state_file(folder).with_suffix(".tmp")
     temporary.write_text(json.dumps({"nodes": names, "pids": pids, "first_job_id": first_job_id,
-                                     "gpus_per_node": gpus_per_node}, indent=1))
+                                     "gpus_per_node": gpus_per_node, "munge_dir": str(munge_dir)}, indent=1))
     temporary.replace(_state_file(folder))
 
 
@@ -484,8 +572,10 @@ def down(folder: Path = DEFAULT_DIR, grace: float = 10.0) -> bool:
         for pid in pids:
             _kill(pid, signal.SIGKILL)
         time.sleep(0.05)
-    for leftover in [*(folder / "run").glob("*"), *(folder / "munge").glob("munge.socket*")]:
+    for leftover in (folder / "run").glob("*"):
         leftover.unlink(missing_ok=True)
+    if cluster.munge_dir is not None:
+        shutil.rmtree(cluster.munge_dir, ignore_errors=True)
     _state_file(folder).unlink(missing_ok=True)
     _release_job_ids(cluster.first_job_id, folder)
     if pids := left():

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from fourcard_helpers.lifecycle import alive, marked_processes
-from fourcard_helpers.slurm import INSTALL_HINT, MARK_ENV, ClusterError, down, missing_programs, practice_cluster, status, up
+from fourcard_helpers.slurm import (INSTALL_HINT, MARK_ENV, ClusterError, claimed_blocks, down, missing_programs,
+                                    practice_cluster, status, up)
 
 if missing_programs():
     if os.environ.get("CI"):
@@ -61,41 +62,80 @@ def _finished(cluster, job: str, bound: float = 300) -> str:
     return cluster.run("scontrol", "show", "job", job)
 
 
-def _claimed_blocks() -> dict[str, int]:
-    """The job-id blocks claimed on this machine now: {cluster folder: first job id}."""
-    import json
-
-    claims = Path(tempfile.gettempdir()).glob("fourcards-slurm-jobs-*.json")
-    return {json.loads(claim.read_text())["folder"]: int(claim.stem.rsplit("-", 1)[1]) for claim in claims}
+_claimed_blocks = claimed_blocks  # held by a running controller's lock on its pid file
 
 
-def _nothing_left(folder: Path, pids: dict[str, int]) -> None:
+def _nothing_left(folder: Path, pids: dict[str, int], munge_dir: Path | None = None) -> None:
     assert not any(alive(pid) for pid in pids.values()), pids
     assert marked_processes(MARK_ENV, str(folder)) == []
     assert not (folder / "cluster.json").exists()
-    assert list((folder / "run").glob("*")) == [] and list((folder / "munge").glob("munge.socket*")) == []
+    assert list((folder / "run").glob("*")) == []
+    assert munge_dir is None or not munge_dir.exists()  # munge's socket, in the shared folder, is gone
     assert str(folder) not in _claimed_blocks()  # its job ids are free for the next cluster
 
 
+def _listening(pid: int) -> set[str]:
+    """The addresses (hex, as /proc/net/tcp writes them) on which process `pid` listens for TCP connections."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    addresses = set()
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                addresses.add(fields[1].split(":")[0])
+    return addresses
+
+
 def test_up_runs_a_two_node_job_and_down_leaves_nothing(tmp_path):
+    """Also what makes the practice cluster like a real one: each node a share of the machine's cores and
+    memory, a job asking for more refused by SLURM itself, every daemon (and srun) listening on 127.0.0.1 only,
+    munged checking its files' permissions (no --force), and a history of ended jobs that `sacct -c` reads."""
     cluster = up(2, tmp_path / "cluster")
     try:
-        nodes = cluster.run("sinfo", "-h", "-N", "-o", "%N %t").split()
-        assert nodes == ["n1", "idle", "n2", "idle"]
+        cores, memory = max(1, os.cpu_count() // 2), _meminfo_mb() // 2
+        nodes = cluster.run("sinfo", "-h", "-N", "-o", "%N %t %c %m").split()
+        assert nodes == ["n1", "idle", str(cores), str(memory), "n2", "idle", str(cores), str(memory)]
         assert status(cluster.dir) == cluster
+        assert {name: _listening(pid) for name, pid in cluster.pids.items() if name != "munged"} == {
+            name: {"0100007F"} for name in cluster.pids if name != "munged"}  # 127.0.0.1, not 0.0.0.0
+        assert "--force" not in Path(f"/proc/{cluster.pids['munged']}/cmdline").read_bytes().split(b"\0")
+        assert (cluster.munge_dir.stat().st_mode & 0o7777, (cluster.dir / "munge" / "munge.key").stat().st_mode & 0o777) == (0o711, 0o400)
         job = tmp_path / "job.sh"
         job.write_text(textwrap.dedent("""\
             #!/bin/bash
             #SBATCH --nodes=2
             #SBATCH --ntasks-per-node=1
-            srun bash -c 'echo "$SLURMD_NODENAME $SLURM_PROCID of $SLURM_NTASKS"'
+            srun bash -c 'echo "$SLURMD_NODENAME $SLURM_PROCID of $SLURM_NTASKS"; until [ -e go ]; do sleep 0.1; done'
             """))
-        cluster.run("sbatch", "--wait", f"--chdir={tmp_path}", f"--output={tmp_path}/out-%j.txt", str(job))
+        submitted = subprocess.Popen(["sbatch", "--wait", f"--chdir={tmp_path}", f"--output={tmp_path}/out-%j.txt", str(job)],
+                                     env=cluster.environment(), stdout=subprocess.PIPE, text=True)
+        conf = f"SLURM_CONF={cluster.conf}".encode()
+
+        def sruns_listening() -> set[str]:  # this cluster's srun, which the nodes call back with the tasks' output
+            return {address for pid in _tasks("srun") if conf in _environ(int(pid)) for address in _listening(int(pid))}
+
+        _wait_until(lambda: sruns_listening() or submitted.poll() is not None, "the job's srun listening")
+        assert sruns_listening() == {"0100007F"}
+        (tmp_path / "go").touch()
+        assert submitted.wait() == 0
         (output,) = tmp_path.glob("out-*.txt")
         assert sorted(output.read_text().split("\n")[:2]) == ["n1 0 of 2", "n2 1 of 2"]  # one task on each node
+        for asked, refusal in ((f"--mem={memory + 1}", "Memory specification can not be satisfied"),
+                               (f"--cpus-per-task={cores + 1}", "CPU count per node can not be satisfied")):
+            with pytest.raises(ClusterError, match=f"(?s){refusal}.*Requested node configuration is not available"):
+                cluster.run("sbatch", asked, "--wrap", "true")
+        history = cluster.run("sacct", "--completion", "--noheader", "--format=JobID,State,NNodes,NodeList").split()
+        assert history[:4] == [str(cluster.first_job_id), "COMPLETED", "2", "n[1-2]"]
     finally:
         assert down(cluster.dir)
-    _nothing_left(cluster.dir, cluster.pids)
+    _nothing_left(cluster.dir, cluster.pids, cluster.munge_dir)
     assert status(cluster.dir) is None and not down(cluster.dir)  # `down` when none runs: nothing to stop
 
 
@@ -125,10 +165,12 @@ def test_up_while_running_refuses_and_a_stale_folder_is_cleaned(tmp_path):
         with pytest.raises(ClusterError, match="already runs from .* down --dir"):
             up(1, cluster.dir)
         assert status(cluster.dir) == cluster  # the refusal stopped nothing
+        assert _claimed_blocks()[str(cluster.dir)] == cluster.first_job_id
         for pid in cluster.pids.values():  # killed as a crash or a reboot would: no `down`, the folder left as it was
             os.kill(pid, signal.SIGKILL)
         _wait_until(lambda: not any(alive(pid) for pid in cluster.pids.values()), "the daemons gone")
         assert status(cluster.dir) is None
+        assert str(cluster.dir) not in _claimed_blocks()  # the dead controller's lock went with it: no stale claim
         again = up(1, cluster.dir)  # starts afresh over the stale folder
         assert again.run("sinfo", "-h", "-N", "-o", "%t").split() == ["idle"]
     finally:
@@ -198,7 +240,7 @@ def test_command_line_up_status_down(tmp_path):
     assert marked_processes(MARK_ENV, str(folder.resolve())) == []
 
 
-def test_an_ordinary_user_runs_the_cluster():
+def test_an_ordinary_user_runs_the_cluster(tmp_path):
     """As the README's test command runs as root in CI: the same cluster and job as `nobody`, no root anywhere."""
     if os.geteuid() != 0:
         pytest.skip("not root: every test above already ran as an ordinary user")
@@ -216,7 +258,9 @@ def test_an_ordinary_user_runs_the_cluster():
     folder = home / "cluster"
     as_nobody = [*AS_NOBODY, "env", f"HOME={home}", *keep]
     cli = [*as_nobody, python, "-m", "fourcard_helpers.slurm"]
-    roots = practice_cluster(nodes=1, folder=root / "root's")  # another user's cluster, running at the same time
+    # another user's cluster, running at the same time, in a folder of root's (munged refuses to keep its files
+    # below a folder another user owns, who could swap them)
+    roots = practice_cluster(nodes=1, folder=tmp_path / "root's")
     roots.__enter__()
     started = subprocess.run([*cli, "up", "--dir", str(folder)], capture_output=True, text=True, cwd=ROOT)
     try:
@@ -230,7 +274,7 @@ def test_an_ordinary_user_runs_the_cluster():
         owners = {Path(f"/proc/{pid}").stat().st_uid for pid in marked_processes(MARK_ENV, str(folder))}
         assert owners == {65534}  # every daemon runs as the learner
         claimed = _claimed_blocks()
-        assert claimed[str(folder)] != claimed[str((root / "root's").resolve())]  # the two users' jobs are numbered apart
+        assert claimed[str(folder)] != claimed[str((tmp_path / "root's").resolve())]  # the two users' jobs are numbered apart
     finally:
         stopped = subprocess.run([*cli, "down", "--dir", str(folder)], capture_output=True, text=True, cwd=ROOT)
         roots.__exit__(None, None, None)
@@ -302,6 +346,17 @@ def test_lesson_12s_batch_file_requeues_itself_on_the_time_limit_warning(tmp_pat
     assert "JobState=FAILED" in states["capped"] and "ExitCode=3:0" in states["capped"] and "Restarts=0" in states["capped"], (states["capped"], capped[-3000:])
     assert "requeued 0 times already: not again" in capped and re.search(r"saved epoch-\d{4}-step-\d{6}", capped)
     (ROOT / "notebooks" / "runs" / f"four-cards-{capped_job}.stop").unlink()  # capped's, left for a resume by hand
+
+
+def _meminfo_mb() -> int:
+    return int(Path("/proc/meminfo").read_text().split("MemTotal:")[1].split()[0]) // 1024
+
+
+def _environ(pid: int) -> list[bytes]:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return []
 
 
 def _read(path: Path) -> str:
