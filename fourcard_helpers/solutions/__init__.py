@@ -4,6 +4,7 @@ Each is also the text of its lesson's hidden solution cell (tests/test_exercises
 and each is compared with PyTorch's own implementation in tests/test_solutions.py.
 """
 from .attention import ring_attention
+from .clipping import clip_sharded_grad_norm_
 from .ddp import BucketedDDP, OverlappedDDP
 from .experts import expert_dispatch
 from .pipeline import one_f_one_b
@@ -14,4 +15,4 @@ from .tensor_parallel import ColumnParallelLinear, CopyToShards, ReduceFromShard
 
 __all__ = ["OverlappedDDP", "BucketedDDP", "ShardedOptimizer", "HandFSDP", "ring_all_reduce", "one_f_one_b",
            "CopyToShards", "ReduceFromShards", "ColumnParallelLinear", "RowParallelLinear",
-           "ring_attention", "expert_dispatch", "block_plan"]
+           "ring_attention", "expert_dispatch", "block_plan", "clip_sharded_grad_norm_"]

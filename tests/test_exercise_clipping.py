@@ -1,0 +1,91 @@
+"""Lesson 10's build exercise, clipping sharded gradients: the reference passes, the skeleton is "not attempted"
+without a launch, and each mistake a learner makes is named from what the ranks saw. One launch of four ranks
+grades the reference and every mistake (real torchrun, gloo)."""
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import pytest
+
+from fourcard_helpers import exercises
+from fourcard_helpers.check import CheckFailed
+from fourcard_helpers.exercises import sharded_clip
+from fourcard_helpers.solutions import clipping
+
+SOLUTION = inspect.getsource(clipping)
+
+
+def mistake(old: str, new: str) -> str:
+    assert old in SOLUTION, old
+    return SOLUTION.replace(old, new)
+
+
+GATHERED = SOLUTION.replace('''    squares = torch.stack([shard.pow(2).sum() for shard in shards]).sum()  # this rank's part of the sum of squares
+    dist.all_reduce(squares, group=group)  # one number per rank: the whole gradient's sum of squares
+    total = squares.sqrt()
+''', '''    world = dist.get_world_size(group)
+    mine = torch.cat(shards)
+    sizes = [torch.zeros(1, dtype=torch.long) for _ in range(world)]
+    dist.all_gather(sizes, torch.tensor([mine.numel()]), group=group)
+    longest = max(int(size) for size in sizes)
+    padded = torch.cat([mine, mine.new_zeros(longest - mine.numel())])
+    pieces = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(pieces, padded, group=group)  # every rank's shards, whole, to every rank
+    total = torch.cat([piece[:int(size)] for piece, size in zip(pieces, sizes)]).norm()
+''')
+
+MISTAKES = {  # name: (the learner's file, what the check must say)
+    "own shard's norm": (mistake("    dist.all_reduce(squares, group=group)", "    pass"),
+                         "Each factor is max_norm over the norm of that rank's own shards"),
+    "sum of norms": (mistake('''    squares = torch.stack([shard.pow(2).sum() for shard in shards]).sum()  # this rank's part of the sum of squares
+    dist.all_reduce(squares, group=group)  # one number per rank: the whole gradient's sum of squares
+    total = squares.sqrt()
+''', '''    total = torch.stack([shard.pow(2).sum() for shard in shards]).sum().sqrt()  # this rank's norm
+    dist.all_reduce(total, group=group)
+'''), "It is the sum of the ranks' own norms"),
+    "gathered whole": (GATHERED, "the gradients were gathered to measure their norm"),
+    "not clamped": (mistake(".clamp(max=1.0)", ""), "clamp the factor to 1"),
+    "local norm returned": (mistake("    dist.all_reduce(squares, group=group)", "    mine = squares.sqrt()\n"
+                                    "    dist.all_reduce(squares, group=group)").replace("    return total\n",
+                                                                                      "    return mine\n"),
+                            ", each the norm of its own shards"),
+    "no 1e-6": (mistake("(total + 1e-6)", "total"), "clip_grad_norm_ divides by norm + 1e-6"),
+    "a copy scaled": (mistake("    for shard in shards:\n        shard.mul_(factor)\n",
+                              "    shards = [shard * factor for shard in shards]\n"),
+                      "The shards passed in are unchanged: scale them in place"),
+}
+
+
+def test_the_mistakes_are_changes_of_the_reference() -> None:
+    assert GATHERED != SOLUTION and len({text for text, _ in MISTAKES.values()}) == len(MISTAKES)
+
+
+def test_the_cuts_are_uneven_with_empty_pieces() -> None:
+    for world in (2, 4):
+        pieces = [b - a for a, b in zip(sharded_clip.cuts(3, world), sharded_clip.cuts(3, world)[1:])]
+        assert sum(pieces) == 3 and 0 in pieces
+        sizes = {b - a for a, b in zip(sharded_clip.cuts(144, world), sharded_clip.cuts(144, world)[1:])}
+        assert len(sizes) == world
+
+
+def test_the_skeleton_is_not_attempted_without_a_launch(tmp_path: Path) -> None:
+    skeleton = tmp_path / "my_clip.py"
+    skeleton.write_text("import torch\n\n\ndef clip_sharded_grad_norm_(shards, max_norm, group=None):\n"
+                        "    # your code here\n    raise NotImplementedError\n", encoding="utf-8")
+    with pytest.raises(NotImplementedError, match="clip_sharded_grad_norm_"):
+        exercises.run("sharded-clip", skeleton)
+
+
+@pytest.mark.slow
+def test_the_reference_passes_and_each_mistake_is_named(tmp_path: Path) -> None:
+    """One launch of four ranks grades the reference and every mistake."""
+    paths = []
+    for k, text in enumerate([SOLUTION] + [text for text, _ in MISTAKES.values()]):
+        paths.append(tmp_path / f"answer{k}.py")
+        paths[-1].write_text(text, encoding="utf-8")
+    verdict, *failures = sharded_clip.grade(paths, nproc=4)
+    assert isinstance(verdict, str), verdict
+    assert "4 ranks" in verdict and "to the bit" in verdict and "1 number(s) per call, where the gradient has 279" in verdict
+    for (name, (_, said)), failure in zip(MISTAKES.items(), failures):
+        assert isinstance(failure, CheckFailed) and said in str(failure), (name, failure)
