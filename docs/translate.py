@@ -240,7 +240,24 @@ def package_messages() -> list[Message]:
                                      "literal, formatted after translation with .format(...): a message built "
                                      "before it (an f-string, %, a call) cannot be in the catalog")
                 # a name or subscript: _(CARDS_FIX), a constant whose text N_() marked where it is defined
-    return messages
+    return messages + exercise_titles()
+
+
+EXERCISE_CALL = re.compile(r"""check\.exercise\(\s*("(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*')""")
+
+
+def exercise_titles() -> list[Message]:
+    """The title each lesson gives `check.exercise(...)`: the verdict starts with it, and
+    check.exercise() translates it, so that a Chinese verdict names its exercise in Chinese."""
+    titles = []
+    for lesson in lessons():
+        for cell in read_notebook(lesson)["cells"]:
+            if cell["cell_type"] == "code":
+                for literal in EXERCISE_CALL.findall("".join(cell["source"])):
+                    title = ast.literal_eval(literal)
+                    if all(title != known.text for known in titles):
+                        titles.append(Message(None, title, str(lesson.relative_to(ROOT))))
+    return titles
 
 
 def _literal(node: ast.expr) -> str | None:

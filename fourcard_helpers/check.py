@@ -74,8 +74,10 @@ def exercise(name: str, test: Callable[[], Any]) -> None:
 
     NotImplementedError means "not attempted yet" and is not an error, nor is NotLaunched
     (no successful launch yet); a wrong answer raises CheckFailed, so a notebook run top to
-    bottom stops on it.
+    bottom stops on it. The lessons' titles ("Exercise 1: ...") are in the package's catalog too
+    (docs/translate.py collects them from the notebooks), so a Chinese verdict names its exercise in Chinese.
     """
+    name = _(name)
     if _reference_verdicts is not None:
         test()  # a reference solution that fails its own check is a bug in the lesson: raise
         _reference_verdicts.append("✓ " + _("{name}: the reference solution passes this check. Your own answer "
