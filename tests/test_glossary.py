@@ -106,7 +106,10 @@ def test_the_english_is_given_once_where_a_lesson_first_uses_a_term(catalog: Pat
     assert not wrong, "\n".join(wrong)
 
 
-@pytest.mark.parametrize("catalog", CATALOGS, ids=[path.stem for path in CATALOGS])
+MARKDOWN_CATALOGS = CATALOGS[:-1]  # the package's messages are printed as they are: a line break there is one
+
+
+@pytest.mark.parametrize("catalog", MARKDOWN_CATALOGS, ids=[path.stem for path in MARKDOWN_CATALOGS])
 def test_no_line_break_between_two_chinese_characters(catalog: Path) -> None:
     """Markdown turns a line break inside a paragraph into a space: between two Chinese
     characters it shows as a stray gap. A heading or a table row ends its line on purpose."""
