@@ -21,13 +21,13 @@ def changed(old: str, new: str) -> str:
     return SOLUTION.replace(old, new)
 
 
-NO_SEQUENCE_PARALLEL_NORMS = changed('        "attention_norm": SequenceParallel(),   # each card normalises its half '
+NO_SEQUENCE_PARALLEL_NORMS = changed('        "attention_norm": SequenceParallel(),   # each card normalises its part '
                                      'of the positions\n        "mlp_norm": SequenceParallel(),\n', "")
 ROW_PLANNED_AS_COLUMN = changed('"attention.wo": RowwiseParallel(output_layouts=Shard(1)),', '"attention.wo": ColwiseParallel(),')
 WHOLE_SEQUENCE_OUT = SOLUTION.replace("RowwiseParallel(output_layouts=Shard(1))", "RowwiseParallel()")
 NO_GATHER_BEFORE_ATTENTION = changed(
-    '        "attention": PrepareModuleInput(input_layouts=halves, desired_input_layouts=whole),   # one all-gather\n', "")
-SKELETON = SOLUTION.split("    halves, whole")[0] + "    raise NotImplementedError\n"
+    '        "attention": PrepareModuleInput(input_layouts=parts, desired_input_layouts=whole),   # one all-gather\n', "")
+SKELETON = SOLUTION.split("    parts, whole")[0] + "    raise NotImplementedError\n"
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -7,14 +7,14 @@ from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInpu
 
 
 def block_plan():
-    """Each block: norms over halves of the sequence, one gather before each sub-layer, whole heads and MLP
-    columns per card, and each sub-layer's partial sums scattered back over the sequence."""
-    halves, whole = (Shard(1),), (Replicate(),)
+    """Each block: norms over each card's part of the sequence, one gather before each sub-layer, whole heads and
+    MLP columns per card, and each sub-layer's partial sums scattered back over the sequence."""
+    parts, whole = (Shard(1),), (Replicate(),)   # the sequence cut over the cards, or whole
     return {
-        "attention_norm": SequenceParallel(),   # each card normalises its half of the positions
+        "attention_norm": SequenceParallel(),   # each card normalises its part of the positions
         "mlp_norm": SequenceParallel(),
-        "attention": PrepareModuleInput(input_layouts=halves, desired_input_layouts=whole),   # one all-gather
-        "mlp": PrepareModuleInput(input_layouts=halves, desired_input_layouts=whole),
+        "attention": PrepareModuleInput(input_layouts=parts, desired_input_layouts=whole),   # one all-gather
+        "mlp": PrepareModuleInput(input_layouts=parts, desired_input_layouts=whole),
         "attention.wq": ColwiseParallel(),      # by columns: each card computes whole heads, its own
         "attention.wk": ColwiseParallel(),
         "attention.wv": ColwiseParallel(),
