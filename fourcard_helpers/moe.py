@@ -1,4 +1,5 @@
-"""Lesson 14's mixture of experts: the layer (`MoE`) and its expert-parallel forward (`expert_parallel`).
+"""Lesson 14's mixture of experts: the layer (`MoE`), its capacity (`within_capacity`) and its expert-parallel forward
+(`expert_parallel`).
 
 The lesson defines both in its own cells, where it explains them; this is the copy its four-rank scripts import
 (tests/test_lesson_copies.py keeps the two equal). Each expert is lesson 13's MLP (d → 4d → d).
@@ -14,6 +15,20 @@ from torch import nn
 from torch.distributed._functional_collectives import all_to_all_single_autograd
 
 from .gpt import MLP, GPTConfig
+
+
+def within_capacity(chosen: torch.Tensor, n_experts: int, capacity_factor: float | None) -> torch.Tensor:
+    """Which of the token-assignments `chosen` (tokens, k) their experts take: each expert at most
+    ceil(capacity_factor · assignments / experts), every token's first choice served before any token's second
+    (GShard's priority), each in order of position; all of them without a capacity factor. The capacity is a share of
+    the assignments given: of a batch on one card, of a card's own tokens on several."""
+    if capacity_factor is None:
+        return torch.ones_like(chosen, dtype=torch.bool)
+    capacity = math.ceil(capacity_factor * chosen.numel() / n_experts)
+    by_choice = chosen.t().flatten()                      # every token's first choice, then every second...
+    one_hot = F.one_hot(by_choice, n_experts)             # ...each in order of position
+    place = (one_hot.cumsum(0) * one_hot).sum(1)           # 1 for an expert's first assignment, 2 its second...
+    return (place <= capacity).view(chosen.shape[1], -1).t()   # back to (tokens, k)
 
 
 class MoE(nn.Module):
@@ -49,13 +64,7 @@ class MoE(nn.Module):
         self.counts = torch.bincount(chosen.flatten(), minlength=n_experts)
         shares = self.counts.to(probabilities.dtype) / chosen.numel()      # f: a count, so no gradient flows through it
         self.aux_loss = n_experts * (shares * probabilities.mean(0)).sum()  # E · Σ f_i · P_i (Switch Transformer)
-        keep = torch.ones_like(chosen, dtype=torch.bool)
-        if self.capacity_factor is not None:
-            capacity = math.ceil(self.capacity_factor * chosen.numel() / n_experts)
-            by_choice = chosen.t().flatten()                      # every token's first choice, then every second...
-            one_hot = F.one_hot(by_choice, n_experts)             # ...each in order of position
-            place = (one_hot.cumsum(0) * one_hot).sum(1)           # 1 for an expert's first assignment, 2 its second...
-            keep = (place <= capacity).view(chosen.shape[1], -1).t()   # back to (tokens, k)
+        keep = within_capacity(chosen, n_experts, self.capacity_factor)
         self.kept = torch.bincount(chosen[keep], minlength=n_experts)
         out = torch.zeros_like(tokens)
         for e, expert in enumerate(self.experts):
@@ -68,13 +77,14 @@ def expert_parallel(moe: MoE, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     """The layer's output for this rank's tokens `x` (tokens, d), computed with this rank running only its own
     experts (rank r: experts r·m to r·m + m − 1, m = experts per rank), and how many rows each of them received from
     each rank, as [(rank 0, my first expert), (rank 0, my second), (rank 1, my first), ...]. The tokens stay where
-    they are and travel only to be computed: there and back, by two all-to-alls. No capacity: every assignment is
-    computed (the layer's `capacity_factor` is not read)."""
+    they are and travel only to be computed: there and back, by two all-to-alls. With the layer's `capacity_factor`,
+    the rank applies it to its own tokens (its share of every expert's capacity): a dropped assignment never leaves."""
     world, rank = dist.get_world_size(), dist.get_rank()
     per_rank = len(moe.experts) // world
     _, chosen, weights = moe.route(x)                         # this rank's replica of the router, its own tokens
-    expert = chosen.flatten()                                 # one entry per token-assignment, in order of position
-    order = torch.argsort(expert, stable=True)                # grouped by expert, each group still in order of position
+    going = torch.where(within_capacity(chosen, len(moe.experts), moe.capacity_factor).flatten())[0]
+    expert = chosen.flatten()[going]                          # one entry per kept token-assignment, by position
+    order = going[torch.argsort(expert, stable=True)]         # grouped by expert, each group still in order of position
     token = order // moe.top_k                                # the token each sorted assignment carries
     send = torch.bincount(expert, minlength=len(moe.experts))  # rows for each expert: for each rank, its experts' rows
     received = torch.empty_like(send)

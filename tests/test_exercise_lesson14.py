@@ -21,9 +21,8 @@ def mistake(text: str, old: str, new: str) -> str:
 
 NOT_RESCALED = mistake(RING, "out = out * rescale + weights @ kv[1]", "out = out + weights @ kv[1]")
 
-SKIPS_A_SEND = mistake(RING, "sending = dist.isend(kv, right)",
-                       "sending = dist.isend(kv, right) if rank or step else None")
-SKIPS_A_SEND = mistake(SKIPS_A_SEND, "sending.wait()", "sending and sending.wait()")
+SKIPS_A_SEND = mistake(RING, "[dist.P2POp(dist.isend, kv, right),",
+                       "[dist.P2POp(dist.isend, kv, right)] * bool(rank or step) + [")
 
 AVERAGED = '''import torch
 import torch.distributed as dist
@@ -95,8 +94,8 @@ def ring_attention(q, k, v):
 ONE_TRANSFER_TOO_MANY = RING.replace("if step < world - 1:", "if True:")
 
 KEEPS_EVERY_REQUEST = mistake(RING, "    for step in range(world):\n", "    kept = []\n    for step in range(world):\n")
-KEEPS_EVERY_REQUEST = mistake(KEEPS_EVERY_REQUEST, "receiving = dist.irecv(incoming, left)\n",
-                              "receiving = dist.irecv(incoming, left)\n            kept.append(sending)\n")
+KEEPS_EVERY_REQUEST = mistake(KEEPS_EVERY_REQUEST, "lone send may wait\n",
+                              "lone send may wait\n            kept.append(transfer)\n")
 
 SKELETON = "import torch\nimport torch.distributed as dist\n\n\ndef ring_attention(q, k, v):\n" \
            "    # your code here\n    raise NotImplementedError\n"

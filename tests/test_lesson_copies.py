@@ -23,7 +23,7 @@ COPIES = [  # (lesson, name, the package's object)
     *[("14_long_sequences_and_experts", name, getattr(ring, name))  # the ring scripts import the two rules, the layouts
       for name in ("attend", "merge", "chunk_positions")],
     *[("14_long_sequences_and_experts", name, getattr(moe, name))  # the expert-parallel scripts import the layer
-      for name in ("MoE", "expert_parallel")],
+      for name in ("within_capacity", "MoE", "expert_parallel")],
 ]
 
 

@@ -1,5 +1,6 @@
 """A reference solution for lesson 14's build exercise: ring attention's forward, from send/recv and the online
-softmax."""
+softmax. Each step's send and receive are posted together with `batch_isend_irecv`: on gloo posting them one after the
+other is enough, on NCCL a send posted alone may wait for its receive, and the ring waits for ever."""
 from __future__ import annotations
 
 import math
@@ -20,8 +21,8 @@ def ring_attention(q, k, v):
     for step in range(world):
         if step < world - 1:                          # post the next block's transfer, then compute on this one
             incoming = torch.empty_like(kv)
-            sending = dist.isend(kv, right)
-            receiving = dist.irecv(incoming, left)
+            transfer = dist.batch_isend_irecv([dist.P2POp(dist.isend, kv, right),        # the pair posted as one:
+                                               dist.P2POp(dist.irecv, incoming, left)])  # on NCCL a lone send may wait
         scores = q @ kv[0].transpose(-2, -1) / math.sqrt(q.shape[-1])
         new_top = torch.maximum(top, scores.amax(-1, keepdim=True))
         rescale = torch.exp(top - new_top)            # what the sums so far are worth under the new largest score
@@ -30,7 +31,7 @@ def ring_attention(q, k, v):
         out = out * rescale + weights @ kv[1]
         top = new_top
         if step < world - 1:
-            sending.wait()
-            receiving.wait()
+            for request in transfer:
+                request.wait()
             kv = incoming                             # the block just used is dropped: two blocks held at most
     return out / total
