@@ -1,8 +1,8 @@
 """Build exercise of lesson 06: a ring all-reduce from send and receive alone, for any length.
 
 The learner's file defines `ring_all_reduce(tensor)`: sum the 1-D `tensor` over all ranks, in
-place, with a reduce-scatter and then an all-gather around the ring, using only `dist.send`,
-`dist.recv`, `dist.isend` and `dist.irecv`. The check runs it on real ranks for lengths that the
+place, with a reduce-scatter and then an all-gather around the ring, using only point-to-point
+calls (`dist.send`, `dist.recv`, `dist.isend`, `dist.irecv`, `dist.batch_isend_irecv`). The check runs it on real ranks for lengths that the
 number of ranks does and does not divide (1 included, where most ranks own an empty chunk), in
 float64 on integers, where every order of addition gives the same sum, so "equal to
 `all_reduce`" means equal to the bit. It counts the bytes each rank sends: the ring's point is

@@ -12,11 +12,11 @@ def ring_all_reduce(tensor):
     right, left = (rank + 1) % world, (rank - 1) % world
 
     def exchange(outgoing, incoming):
-        # The send is posted first and does not block, so no rank waits in recv for a neighbour
-        # that waits in recv too.
-        request = dist.isend(outgoing, right)
-        dist.recv(incoming, left)
-        request.wait()
+        # The send and the receive start together, so no rank waits for a neighbour that waits too
+        # (on NCCL a send may not finish until its receive is posted: the two must go in one batch).
+        for request in dist.batch_isend_irecv([dist.P2POp(dist.isend, outgoing, right),
+                                               dist.P2POp(dist.irecv, incoming, left)]):
+            request.wait()
 
     for step in range(world - 1):             # reduce-scatter: add the left neighbour's partial sum to ours
         send, recv = (rank - step) % world, (rank - step - 1) % world
