@@ -73,13 +73,16 @@ class MoE(nn.Module):
         return out.view_as(x)                                     # a dropped assignment adds nothing: zero
 
 
-def expert_parallel(moe: MoE, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def expert_parallel(moe: MoE, x: torch.Tensor, group: dist.ProcessGroup | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """The layer's output for this rank's tokens `x` (tokens, d), computed with this rank running only its own
-    experts (rank r: experts r·m to r·m + m − 1, m = experts per rank), and how many rows each of them received from
-    each rank, as [(rank 0, my first expert), (rank 0, my second), (rank 1, my first), ...]. The tokens stay where
-    they are and travel only to be computed: there and back, by two all-to-alls. With the layer's `capacity_factor`,
-    the rank applies it to its own tokens (its share of every expert's capacity): a dropped assignment never leaves."""
-    world, rank = dist.get_world_size(), dist.get_rank()
+    experts (rank r of `group`, by default of all ranks: experts r·m to r·m + m − 1, m = experts per rank), and how
+    many rows each of them received from each rank, as [(rank 0, my first expert), (rank 0, my second), (rank 1, my
+    first), ...]. The tokens stay where they are and travel only to be computed, within the group: there and back,
+    by two all-to-alls. With the layer's `capacity_factor`, the rank applies it to its own tokens (its share of every
+    expert's capacity): a dropped assignment never leaves."""
+    group = group or dist.group.WORLD
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
     per_rank = len(moe.experts) // world
     _, chosen, weights = moe.route(x)                         # this rank's replica of the router, its own tokens
     going = torch.where(within_capacity(chosen, len(moe.experts), moe.capacity_factor).flatten())[0]
@@ -88,13 +91,13 @@ def expert_parallel(moe: MoE, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     token = order // moe.top_k                                # the token each sorted assignment carries
     send = torch.bincount(expert, minlength=len(moe.experts))  # rows for each expert: for each rank, its experts' rows
     received = torch.empty_like(send)
-    dist.all_to_all_single(received, send)                    # the sizes first: each rank learns what it will receive
+    dist.all_to_all_single(received, send, group=group)       # the sizes first: what each rank will receive
     to_rank = send.view(world, per_rank).sum(1).tolist()
     from_rank = received.view(world, per_rank).sum(1).tolist()
-    rows = all_to_all_single_autograd(x[token], from_rank, to_rank, dist.group.WORLD)      # dispatch
+    rows = all_to_all_single_autograd(x[token], from_rank, to_rank, group)      # dispatch
     pieces = list(rows.split(received.tolist()))              # one piece per (rank, expert), as `received` lists them
     for j in range(per_rank):                                 # each of my experts on all of its rows at once
         mine = moe.experts[rank * per_rank + j]
         pieces[j::per_rank] = mine(torch.cat(pieces[j::per_rank])).split(received[j::per_rank].tolist())
-    results = all_to_all_single_autograd(torch.cat(pieces), to_rank, from_rank, dist.group.WORLD)  # combine
+    results = all_to_all_single_autograd(torch.cat(pieces), to_rank, from_rank, group)  # combine
     return torch.zeros_like(x).index_add(0, token, weights.flatten()[order, None] * results), received

@@ -130,3 +130,21 @@ def test_top2_expert_parallel_equals_one_card_and_tells_the_mistakes_apart() -> 
     assert own["balancing loss"] > 1e-6 and own["router gradient"] > 1e-9, own
     assert gaps["batch capacity"]["output"] > 1e-3, gaps["batch capacity"]   # keeps what each rank's capacity drops
     assert leftover_processes() == []
+
+
+MESH_SCRIPT = TOP2_SCRIPT.with_name("14_expert_mesh_2x2.py")
+NOT_OVER_DATA = ('dist.all_reduce(p.grad, group=mesh.get_group("data"))', "pass  # each copy keeps its own part")
+
+
+@pytest.mark.slow
+def test_experts_on_a_2x2_mesh_equal_one_card_only_with_their_gradients_added_over_data() -> None:
+    from fourcard_helpers.launch import leftover_processes, torchrun
+
+    script = variants_in_one_launch(MESH_SCRIPT.read_text(encoding="utf-8"),
+                                    {"right": None, "not over data": NOT_OVER_DATA})
+    reports = torchrun(script, nproc=4, timeout=180, echo=False).reports
+    gaps = {name: one_card_gaps({r: reports[r][name] for r in range(4)}, 4) for name in ("right", "not over data")}
+    assert max(gaps["right"].values()) <= 1e-12, gaps["right"]
+    alone = gaps["not over data"]     # each copy of an expert has only its group's tokens' part of the gradient
+    assert alone["output"] <= 1e-12 and alone["router gradient"] <= 1e-12 and alone["expert gradients"] > 1e-6, alone
+    assert leftover_processes() == []
