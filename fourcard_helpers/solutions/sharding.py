@@ -14,7 +14,7 @@ from torch import nn
 
 class ShardedOptimizer(torch.optim.Optimizer):
     """ZeRO-1: each rank steps (and keeps the state of) its own share of the parameters, then every rank
-    receives every updated parameter from its owner."""
+    receives every updated parameter from its owner. state_dict() and load_state_dict() speak one card's format."""
 
     def __init__(self, params, optimizer_cls, **kwargs):
         super().__init__(params, kwargs)
@@ -27,20 +27,45 @@ class ShardedOptimizer(torch.optim.Optimizer):
             load[self.owner[param]] += param.numel()
         mine = [{**group, "params": [p for p in group["params"] if self.owner[p] == rank]}
                 for group in self.param_groups]
-        self.groups = [k for k, group in enumerate(mine) if group["params"]]  # which of ours each local group is
-        self.local = optimizer_cls([mine[k] for k in self.groups], **kwargs) if self.groups else None
+        self.local = optimizer_cls(mine, **kwargs)  # group k is our share of group k (perhaps none of it)
+        for group, local in zip(self.param_groups, self.local.param_groups):
+            for key, value in local.items():  # optimizer_cls's defaults (lr, betas...): schedulers read them
+                group.setdefault(key, value)
 
     @torch.no_grad()
     def step(self, closure=None):
         loss = None if closure is None else closure()
-        if self.local is not None:
-            for k, local in zip(self.groups, self.local.param_groups):
-                local.update({key: value for key, value in self.param_groups[k].items() if key != "params"})
-            self.local.step()  # the state of our share only
+        for group, local in zip(self.param_groups, self.local.param_groups):
+            local.update({key: value for key, value in group.items() if key != "params"})  # a scheduler's lr
+        self.local.step()  # the state of our share only
         for group in self.param_groups:
             for param in group["params"]:
                 dist.broadcast(param.data, src=self.owner[param])
         return loss
+
+    def state_dict(self):
+        """One card's state dict of optimizer_cls: every rank's share of the state, gathered onto every rank
+        (on the CPU). A collective: call it on every rank, save it from one."""
+        index = {p: i for i, p in enumerate(p for group in self.param_groups for p in group["params"])}
+        mine = {index[p]: {key: value.cpu() if torch.is_tensor(value) else value for key, value in state.items()}
+                for p, state in self.local.state.items()}
+        shares = [None] * dist.get_world_size()
+        dist.all_gather_object(shares, mine)
+        saved = super().state_dict()  # every group's settings, its parameters by index; our own .state is empty
+        saved["state"] = dict(sorted(item for share in shares for item in share.items()))
+        return saved
+
+    def load_state_dict(self, state_dict):
+        """A state dict of one card's optimizer_cls (or of state_dict() above): every group's settings, and on
+        each rank the state of its own share only."""
+        super().load_state_dict({**state_dict, "state": {}})
+        every = [p for group in self.param_groups for p in group["params"]]
+        local_index = {p: i for i, p in enumerate(p for group in self.local.param_groups for p in group["params"])}
+        self.local.load_state_dict({
+            "state": {local_index[every[i]]: state for i, state in state_dict["state"].items()
+                      if every[i] in local_index},
+            "param_groups": [{**saved, "params": [local_index[p] for p in local["params"]]}
+                             for saved, local in zip(state_dict["param_groups"], self.local.param_groups)]})
 
 
 class _Gather(torch.autograd.Function):
@@ -67,7 +92,8 @@ class HandFSDP(nn.Module):
     gradient is reduce-scattered into the shard. Every other parameter stays whole (gradient all-reduced).
     `compute_dtype` (bf16, fp16): weights gathered and used in it; masters, their gradients and the optimizer
     keep the model's own dtype (float32). A weight tied between modules (one parameter in both) keeps one shard,
-    gathered for each use; its gradient is the sum of both uses'."""
+    gathered for each use; its gradient is the sum of both uses'. A module called twice in one forward is gathered
+    and reduce-scattered at each call (fully_shard adds the calls' gradients and reduce-scatters once)."""
 
     def __init__(self, module, compute_dtype=None, shard_types=(nn.Linear, nn.Embedding)):
         super().__init__()
@@ -98,8 +124,8 @@ class HandFSDP(nn.Module):
                 seen[id(param)] = sharded, len(self.shards if sharded else self.whole) - 1
                 self.places.append((sub, name, *seen[id(param)]))
             if any(place[0] is sub for place in self.places):
-                sub.register_forward_pre_hook(self._before)
-                sub.register_forward_hook(self._after)
+                sub.register_forward_pre_hook(self._before, with_kwargs=True)
+                sub.register_forward_hook(self._after, always_call=True)  # also when forward raises
         for buffer in module.buffers():
             dist.broadcast(buffer, src=0)
 
@@ -110,7 +136,7 @@ class HandFSDP(nn.Module):
         dist.all_gather_into_tensor(flat, shard)
         return flat[:self.shapes[k].numel()].view(self.shapes[k])
 
-    def _before(self, sub, args):
+    def _before(self, sub, args, kwargs):
         gathered = {}
         for owner, name, sharded, k in self.places:
             if owner is sub:
@@ -123,14 +149,19 @@ class HandFSDP(nn.Module):
         sub._fsdp_saving = torch.autograd.graph.saved_tensors_hooks(
             lambda t: self._pack(t, gathered), self._unpack)
         sub._fsdp_saving.__enter__()
-        if self.dtype is not None:
-            return tuple(a.to(self.dtype) if torch.is_tensor(a) and a.is_floating_point() else a for a in args)
+        if self.dtype is not None:  # floating-point inputs in the compute dtype, positional or keyword
+            return tuple(map(self._cast, args)), {key: self._cast(value) for key, value in kwargs.items()}
+
+    def _cast(self, value):
+        return value.to(self.dtype) if torch.is_tensor(value) and value.is_floating_point() else value
 
     def _after(self, sub, args, output):
-        sub._fsdp_saving.__exit__(None, None, None)
+        saving = sub.__dict__.pop("_fsdp_saving", None)  # None if _before failed before setting it
+        if saving is not None:
+            saving.__exit__(None, None, None)
         for owner, name, _sharded, _k in self.places:
             if owner is sub:
-                del sub.__dict__[name]  # the whole weight is freed; backward gathers it again
+                sub.__dict__.pop(name, None)  # the whole weight is freed; backward gathers it again
 
     def _pack(self, tensor, gathered):
         k = gathered.get(tensor.untyped_storage().data_ptr())
