@@ -240,8 +240,8 @@ def test_the_optimizer_state_is_found_where_a_wrapper_keeps_it() -> None:
                                   "a copy kept"])
 def test_hand_fsdp_passes_and_names_the_mistake(tmp_path: Path, case: str) -> None:
     if case in ("right", "storage freed in place"):  # the second frees as FSDP does: the tensor stays, empty
-        freed = mistake(FSDP, "                del sub.__dict__[name]  # the whole weight is freed; backward gathers "
-                              "it again\n",
+        freed = mistake(FSDP, "                sub.__dict__.pop(name, None)  # the whole weight is freed; backward "
+                              "gathers it again\n",
                         "                weight = sub.__dict__.pop(name)\n                if _sharded:\n"
                         "                    sub.__dict__['_unsharded_' + name] = weight\n"
                         "                    weight.untyped_storage().resize_(0)\n")

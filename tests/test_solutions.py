@@ -1,5 +1,5 @@
 """The build exercises' reference solutions against PyTorch's own: DistributedDataParallel,
-ZeroRedundancyOptimizer, fully_shard. One real two-rank torchrun launch on gloo trains each pair
+ZeroRedundancyOptimizer (and one card's Adam, its state dict and a learning-rate scheduler), fully_shard. One real two-rank torchrun launch on gloo trains each pair
 from the same weights on the same batches, in float64, and reports the largest difference."""
 from __future__ import annotations
 
@@ -143,6 +143,66 @@ found["tied_gap"] = max(gap([full_ours[n]], [full_theirs[n]]) for n in full_thei
 found["tied_still"] = gap([full_ours["out.weight"]], [full_ours["embed.weight"]])
 found["tied_shards"] = [p.numel() for p in ours.shards]
 
+
+def same(a, b):  # equal structure, equal values, tensors equal to the bit
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if torch.is_tensor(a):
+        return torch.is_tensor(b) and a.dtype == b.dtype and torch.equal(a.cpu(), b.cpu())
+    return a == b
+
+
+def adam_run(sharded, steps, resume=None):  # no lr given: group 1 takes Adam's default, a scheduler halves it
+    model = net()
+    if resume:
+        model.load_state_dict(resume["model"])
+    optimizer = ShardedOptimizer(groups(model), torch.optim.Adam) if sharded else torch.optim.Adam(groups(model))
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    if resume:
+        optimizer.load_state_dict(resume["optimizer"])
+        scheduler.load_state_dict(resume["scheduler"])
+    ddp, done = DDP(model), resume["steps"] if resume else 0
+    for tokens, target in list(batches(3))[done:done + steps]:
+        optimizer.zero_grad()
+        F.mse_loss(ddp(tokens).double(), target).backward()
+        optimizer.step()
+        scheduler.step()
+    return model, optimizer, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                              "scheduler": scheduler.state_dict(), "steps": done + steps}
+
+
+one_card, _, _ = adam_run(False, 3)
+_, _, saved_one_card = adam_run(False, 2)
+_, _, saved = adam_run(True, 2)
+found["zero_state_dict_is_one_cards"] = same(saved["optimizer"], saved_one_card["optimizer"])
+resumed, optimizer, _ = adam_run(True, 1, resume=saved)  # (as torch's own: the state goes on in saved's tensors)
+found["zero_resumed_gap"] = gap(resumed.parameters(), one_card.parameters())
+found["zero_resumed_state_numbers"] = sum(t.numel() for s in optimizer.local.state.values() for t in s.values()
+                                          if t.dim())
+found["zero_lrs"] = [group["lr"] for group in optimizer.param_groups]
+
+# HandFSDP: keyword inputs cast to the compute dtype; a forward that raises leaves no hook nor whole weight
+torch.manual_seed(0)
+ours = HandFSDP(nn.Linear(5, 3).to(device, torch.float64), compute_dtype=torch.bfloat16)
+found["fsdp_keyword_dtype"] = str(ours(input=torch.randn(2, 5, dtype=torch.float64, device=device)).dtype)
+ours = HandFSDP(net())
+try:
+    ours(torch.tensor([11], device=device))  # no row 11 in an Embedding of 11 rows: its forward raises
+    found["fsdp_raised"] = False
+except IndexError:
+    found["fsdp_raised"] = True
+found["fsdp_hooks_left"] = torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
+found["fsdp_left_in_modules"] = [name for name, sub in ours.module.named_modules()
+                                 if {"weight", "bias", "_fsdp_saving"} & set(sub.__dict__)]
+theirs = DDP(net())
+train(ours, torch.optim.SGD(ours.parameters(), lr=0.3), ours.finish)
+train(theirs, torch.optim.SGD(theirs.parameters(), lr=0.3))
+full_ours = ours.full_parameters()
+found["fsdp_after_error_gap"] = max(gap([full_ours[n]], [p]) for n, p in theirs.module.named_parameters())
+
+
 report(**found)
 dist.destroy_process_group()
 sys.stdout.flush()
@@ -171,7 +231,18 @@ def test_the_reference_solutions_train_as_pytorchs_own() -> None:
         # a weight tied between two modules: one shard, trained as fully_shard trains it, still tied after
         assert found["tied_shards"] == [28] and found["tied_still"] == 0, found
         assert found["tied_gap"] <= 1e-14, found["tied_gap"]
+        # ZeRO-1's state dict: one card's Adam's, to the bit; resumed from it, the run goes on as one card's,
+        # and each rank again holds its share only; a group with no lr has Adam's default, halved by the scheduler
+        assert found["zero_state_dict_is_one_cards"] is True and found["zero_resumed_gap"] == 0, found
+        assert found["zero_lrs"] == [0.01 * 0.5 ** 3, 1e-3 * 0.5 ** 3], found["zero_lrs"]
+        # HandFSDP: a keyword input is cast too; after a forward that raised, nothing is left behind and the
+        # model trains as DDP does
+        assert found["fsdp_keyword_dtype"] == "torch.bfloat16", found
+        assert found["fsdp_raised"] and not found["fsdp_hooks_left"] and found["fsdp_left_in_modules"] == [], found
+        assert found["fsdp_after_error_gap"] <= 1e-14, found["fsdp_after_error_gap"]
     # ZeRO-1: the two ranks' Adam states (2 numbers per parameter) add up to the model's, each holds part of it
     trainable = 55 + 25 + 5 + 7 + 7 + 21 + 3
     states = [result.reports[rank]["state_numbers"] for rank in (0, 1)]
     assert sum(states) == 2 * trainable and 0 < min(states), states
+    resumed = [result.reports[rank]["zero_resumed_state_numbers"] for rank in (0, 1)]
+    assert resumed == states, (resumed, states)
