@@ -56,6 +56,7 @@ SHARED_WITH_ENGLISH = ("scripts", "measured", "crash_once.py", "mnist_recipe.py"
                        "my_ring.py", "my_tensor_parallel.py", "my_pipeline.py")  # the last: build exercises' files
 SHARED_WITH_ENGLISH += ("my_ddp.py", "my_buckets.py", "my_zero.py", "my_fsdp.py")  # the learner's files of the build exercises of lessons 05 and 09
 SHARED_WITH_ENGLISH += ("my_ring_attention.py", "my_expert_dispatch.py")  # lesson 14's build exercises
+SHARED_WITH_ENGLISH += ("my_block_plan.py",)  # lesson 13's build exercise
 SHARED_WITH_ENGLISH += ("my_clip.py",)  # lesson 10's build exercise
 HEADER = {
     "Project-Id-Version": "Four Cards",

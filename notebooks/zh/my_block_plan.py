@@ -1,0 +1,1 @@
+../my_block_plan.py
