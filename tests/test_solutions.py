@@ -203,6 +203,26 @@ full_ours = ours.full_parameters()
 found["fsdp_after_error_gap"] = max(gap([full_ours[n]], [p]) for n, p in theirs.module.named_parameters())
 
 
+class Unused(nn.Module):  # `spare` requires a gradient and never gets one
+    def __init__(self):
+        super().__init__()
+        self.used, self.spare = nn.Linear(3, 3), nn.Linear(3, 3)
+
+    def forward(self, x):
+        return self.used(x)
+
+
+for name, wrap in (("overlapped", OverlappedDDP), ("bucketed", lambda m: BucketedDDP(m, bucket_mb=0.00001))):
+    ours = wrap(Unused().to(device, torch.float64))
+    ours(torch.ones(2, 3, dtype=torch.float64, device=device)).sum().backward()
+    try:
+        ours.finish()
+        found[f"unused_{name}"] = "no error"
+    except RuntimeError as error:
+        found[f"unused_{name}"] = str(error)
+    for entry in ours.pending:  # the used layer's all-reduces went out on every rank: let them end
+        entry[-1].wait()
+
 report(**found)
 dist.destroy_process_group()
 sys.stdout.flush()
@@ -240,6 +260,9 @@ def test_the_reference_solutions_train_as_pytorchs_own() -> None:
         assert found["fsdp_keyword_dtype"] == "torch.bfloat16", found
         assert found["fsdp_raised"] and not found["fsdp_hooks_left"] and found["fsdp_left_in_modules"] == [], found
         assert found["fsdp_after_error_gap"] <= 1e-14, found["fsdp_after_error_gap"]
+        for name in ("overlapped", "bucketed"):  # a parameter without a gradient is named, with the likely cause
+            said = found[f"unused_{name}"]
+            assert said.startswith("no gradient reached spare.weight, spare.bias") and "did not use" in said, said
     # ZeRO-1: the two ranks' Adam states (2 numbers per parameter) add up to the model's, each holds part of it
     trainable = 55 + 25 + 5 + 7 + 7 + 21 + 3
     states = [result.reports[rank]["state_numbers"] for rank in (0, 1)]

@@ -14,10 +14,18 @@ import torch.distributed as dist
 from torch import nn
 
 
+def _unused(names):
+    """What went wrong when backward left parameters without a gradient, and what to do."""
+    return (f"no gradient reached {', '.join(names)} in this backward, so no all-reduce was sent for it; a rank "
+            "that did send one now waits for a partner that never comes. Likely cause: the forward did not use "
+            "it (on this rank, or on every rank). Fix: use every parameter in every forward, or freeze the unused "
+            "ones (requires_grad_(False)) before wrapping the model.")
+
+
 class OverlappedDDP(nn.Module):
     """DDP by hand: each gradient's all-reduce starts as soon as backward has accumulated it. Every parameter
     that requires a gradient must get one in every step: an unused one fires no hook, so its all-reduce is never
-    sent (DDP needs find_unused_parameters=True there)."""
+    sent, and finish() says so (DDP needs find_unused_parameters=True there)."""
 
     def __init__(self, module: nn.Module):
         super().__init__()
@@ -48,6 +56,11 @@ class OverlappedDDP(nn.Module):
 
     def finish(self) -> None:
         """After backward, before the optimizer's step: wait for every all-reduce, then average."""
+        sent = {id(param) for param, _work in self.pending}
+        missing = [name for name, param in self.module.named_parameters() if param.requires_grad
+                   and id(param) not in sent]
+        if missing:
+            raise RuntimeError(_unused(missing))
         for param, work in self.pending:
             work.wait()
             param.grad /= dist.get_world_size()
@@ -58,7 +71,7 @@ class BucketedDDP(nn.Module):
     """DDP by hand with buckets: gradients packed, in the order backward produces them, into buckets
     of about bucket_mb MiB; a bucket's one all-reduce starts when its last gradient is ready. Buckets go out in
     the order they fill, the same on every rank as backward's order is; DDP launches them in bucket order. As in
-    OverlappedDDP, every parameter that requires a gradient must get one in every step."""
+    OverlappedDDP, every parameter that requires a gradient must get one in every step (finish() checks)."""
 
     def __init__(self, module: nn.Module, bucket_mb: float = 25.0):
         super().__init__()
@@ -75,15 +88,15 @@ class BucketedDDP(nn.Module):
             self.buckets[-1].append(param)
             size += param.numel() * param.element_size()
         self.bucket_of = {param: k for k, bucket in enumerate(self.buckets) for param in bucket}
-        self.ready = [0] * len(self.buckets)
+        self.ready = [set() for _ in self.buckets]  # the parameters of each bucket whose gradient is in
         self.pending = []
         for param in self.bucket_of:
             param.register_post_accumulate_grad_hook(self._arrived)
 
     def _arrived(self, param: torch.Tensor) -> None:
         k = self.bucket_of[param]
-        self.ready[k] += 1
-        if self.ready[k] == len(self.buckets[k]):  # the bucket's last gradient: send the bucket
+        self.ready[k].add(param)
+        if len(self.ready[k]) == len(self.buckets[k]):  # the bucket's last gradient: send the bucket
             flat = torch.cat([p.grad.reshape(-1) for p in self.buckets[k]])
             self.pending.append((k, flat, dist.all_reduce(flat, async_op=True)))
 
@@ -92,6 +105,10 @@ class BucketedDDP(nn.Module):
 
     def finish(self) -> None:
         """Wait for every bucket, average, and copy each gradient back from its bucket."""
+        missing = [name for name, param in self.module.named_parameters()
+                   if param in self.bucket_of and param not in self.ready[self.bucket_of[param]]]
+        if missing:
+            raise RuntimeError(_unused(missing))
         for k, flat, work in self.pending:
             work.wait()
             flat /= dist.get_world_size()
@@ -100,4 +117,5 @@ class BucketedDDP(nn.Module):
                 param.grad.copy_(flat[offset:offset + param.numel()].view_as(param.grad))
                 offset += param.numel()
         self.pending.clear()
-        self.ready = [0] * len(self.buckets)
+        self.ready = [set() for _ in self.buckets]
+
