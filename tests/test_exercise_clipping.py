@@ -54,6 +54,15 @@ MISTAKES = {  # name: (the learner's file, what the check must say)
     "a copy scaled": (mistake("    for shard in shards:\n        shard.mul_(factor)\n",
                               "    shards = [shard * factor for shard in shards]\n"),
                       "The shards passed in are unchanged: scale them in place"),
+    "list entries replaced": (mistake("    for shard in shards:\n        shard.mul_(factor)\n",
+                                      "    for i, shard in enumerate(shards):\n        shards[i] = shard * factor\n"),
+                              "The list's entries were replaced by new tensors"),
+    "float32 sum": (mistake("    squares = torch.stack([shard.pow(2).sum() for shard in shards]).sum()",
+                            "    squares = torch.tensor([sum(float(shard.pow(2).sum()) for shard in shards)])"),
+                    "The norm returned is a torch.float32 tensor"),
+    "squares averaged": (mistake("dist.all_reduce(squares, group=group)",
+                                 "dist.all_reduce(squares, op=dist.ReduceOp.AVG, group=group)"),
+                         "the squares were averaged over the ranks, not summed"),
 }
 
 

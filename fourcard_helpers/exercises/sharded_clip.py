@@ -1,8 +1,9 @@
 """Build exercise of lesson 10: gradient clipping when the gradients are sharded across the ranks.
 
-ZeRO-2 and FSDP keep 1/N of each gradient per rank, so no rank can measure the whole gradient's norm
-alone. The learner's `clip_sharded_grad_norm_(shards, max_norm, group=None)` gets this rank's piece of
-each gradient (flat, uneven, empty on some ranks), scales them in place as
+ZeRO-2 and FSDP keep 1/N of the gradients per rank (of each gradient a piece, maybe empty or whole),
+so no rank can measure the whole gradient's norm alone. The learner's
+`clip_sharded_grad_norm_(shards, max_norm, group=None)` gets this rank's piece of each gradient
+(flat, uneven, empty on some ranks), scales them in place as
 `torch.nn.utils.clip_grad_norm_` scales whole gradients (by max_norm / (total + 1e-6), clamped to 1),
 and returns the whole gradient's norm. The ranks hold the gradients of one card's model in float64,
 cut into uneven shards, and the learner's function runs twice: with a max_norm below the norm (it
@@ -12,7 +13,8 @@ squares in another order, so they agree within the rounding bound of that sum, n
 point of the mechanism is measured too: the elements the ranks' collectives carry (the course's
 traces, and the collectives `_traffic.Traffic` sees), one number per rank where gathering the
 gradients moves them all. A mistake is named from what the ranks saw: their scale factors, the
-returned values, the elements communicated.
+returned values and their dtype, the elements communicated; the shards are judged as the tensors passed in,
+whatever the list holds after the call.
 
 One launch can grade several files (`grade`): the tests grade every mistake in one launch.
 """
@@ -96,8 +98,20 @@ def _judge(cases: list[list[dict[str, Any]]], launched: list[list[list[dict[str,
         if not abs(returned[0] - first["total"]) <= tol * first["total"]:
             locals_ = [case["local"] for case in ranks]
             message = _("the norm returned is {returned:.6g}, where clip_grad_norm_ on one card measures "
-                        "{total:.6g}.").format(returned=returned[0], total=first["total"])
-            if abs(returned[0] - sum(locals_)) <= tol * returned[0]:
+                        "{total:.6g}: they differ by {gap:.2g} of it, more than float64's rounding allows "
+                        "({tol:.1g}).").format(returned=returned[0], total=first["total"],
+                                               gap=abs(returned[0] - first["total"]) / first["total"], tol=tol)
+            if first["dtype"] not in (None, "torch.float64"):
+                message += " " + _("The norm returned is a {dtype} tensor, where the gradients are float64: the "
+                                   "squares were summed or all-reduced in a coarser type (`torch.tensor(x)` of a "
+                                   "Python float is float32). Keep the sum in the gradients' dtype.").format(
+                    dtype=first["dtype"])
+            elif abs(returned[0] * world ** 0.5 - first["total"]) <= tol * first["total"]:
+                message += " " + _("It is the true norm over √{world}: the squares were averaged over the ranks, not "
+                                   "summed. The whole gradient's sum of squares is the sum of the ranks' sums: "
+                                   "all-reduce with SUM (the default) and do not divide by the number of "
+                                   "ranks.").format(world=world)
+            elif abs(returned[0] - sum(locals_)) <= tol * returned[0]:
                 message += " " + _("It is the sum of the ranks' own norms ({locals}): norms do not add up, squares "
                                    "do. All-reduce each rank's sum of squares, then take the square root.").format(
                     locals=" + ".join(f"{x:.4g}" for x in locals_))
@@ -113,6 +127,9 @@ def _judge(cases: list[list[dict[str, Any]]], launched: list[list[list[dict[str,
                 message += " " + _("The norm is below max_norm, so nothing must change, but the gradients were "
                                    "scaled up: clamp the factor to 1 (`.clamp(max=1.0)`). Clipping only ever "
                                    "shortens a gradient.")
+            elif factor == 1.0 and any(case["replaced"] for case in ranks):
+                message += " " + _("The list's entries were replaced by new tensors; the gradient shards themselves "
+                                   "were not scaled: scale them in place, e.g. `shard.mul_(factor)`.")
             elif factor == 1.0 and not any(case["changed"] for case in ranks):
                 message += " " + _("The shards passed in are unchanged: scale them in place (`shard.mul_(factor)`), "
                                    "as clip_grad_norm_ scales the gradients it is given.")
@@ -194,13 +211,13 @@ def _on_rank() -> None:
             expected = [p.grad.flatten() for p in one_card]
             pieces = [(c[rank], c[rank + 1]) for c in (cuts(g.numel(), world) for g in grads)]
             shards = [g[a:b].clone() for g, (a, b) in zip(grads, pieces)]
-            before = torch.cat(shards)
+            before, given = torch.cat(shards), list(shards)  # the gradient shards themselves, judged after the call
             traffic.clear()
             _ranks.phase(f"file {f} case {k}")
             with traffic.watch():
                 returned = learner.clip_sharded_grad_norm_(shards, max_norm)
             _ranks.phase(f"file {f} checked")
-            after, right = torch.cat(shards), torch.cat([e[a:b] for e, (a, b) in zip(expected, pieces)])
+            after, right = torch.cat(given), torch.cat([e[a:b] for e, (a, b) in zip(expected, pieces)])
             try:
                 value = float(returned)
             except (TypeError, ValueError, RuntimeError):
@@ -209,7 +226,10 @@ def _on_rank() -> None:
             found.append({
                 "max_norm": max_norm, "total": total, "whole": whole, "tensors": len(grads),
                 "factor_one_card": torch.clamp(max_norm / (measured + 1e-6), max=1.0).item(),  # clip_grad_norm_'s
-                "returned": value, "kind": type(returned).__name__, "elements": before.numel(),
+                "returned": value, "kind": type(returned).__name__,
+                "dtype": str(returned.dtype) if isinstance(returned, torch.Tensor) else None,
+                "replaced": len(shards) != len(given) or any(s is not g for s, g in zip(shards, given)),
+                "elements": before.numel(),
                 "local": before.norm().item(),
                 "factor": (after.norm() / before.norm()).item() if before.norm() > 0 else None,
                 "changed": not torch.equal(after, before),
