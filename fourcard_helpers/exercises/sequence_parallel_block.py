@@ -3,15 +3,16 @@
 The learner's `block_plan()` returns the plan of one `Block` of fourcard_helpers.gpt (keys relative to
 the block: "attention_norm", "attention.wq", ...). The check applies it to every block of a small GPT
 on a 1-D mesh of all the ranks, inside lesson 13's plan for the rest of the model (the embedding's
-output made whole, then cut into halves of the sequence before the first block; the final norm
-sequence parallel; the output layer by columns), and runs one forward and backward in float64 beside
-one card. It compares the loss and every gradient (DTensors made whole), and counts, with PyTorch's
+output made whole, then cut into parts of the sequence, one per rank, before the first block; the
+final norm sequence parallel; the output layer by columns), and runs one forward and backward in
+float64 beside one card. It compares the loss and every gradient (DTensors made whole), and counts, with PyTorch's
 CommDebugMode, the collectives of forward and of backward against the plan: per block, one all-gather
 of the sequence before each sub-layer and one reduce-scatter after it, and as many in backward.
 A wrong plan is named from the evidence: a linear layer holding the wrong slice of its weight (a
 row layer planned as a column one, a layer left whole), a sub-layer returning the whole sequence
-where the residual stream holds halves, norms' gradients that are each rank's part, more gathers
-than the plan needs.
+where the residual stream holds parts, a sub-layer told its input is whole where each rank holds a
+part, norms' gradients that are each rank's part, more gathers than the plan needs, a gathered input
+handed on as a plain tensor (an all-reduce in backward per column layer).
 """
 from __future__ import annotations
 
@@ -28,15 +29,19 @@ VOCAB, CONTEXT, LAYERS, HEADS, WIDTH, BATCH = 24, 8, 2, 4, 16, 2   # 2 and 4 ran
 ULPS = 64  # float64: the same sums in another order differ by a few units in the last place of the largest value
 COLUMNS = ("attention.wq", "attention.wk", "attention.wv", "mlp.w1")   # split by output features
 ROWS = ("attention.wo", "mlp.w2")                                      # split by input features
+CONNECTION_LOST = ("Connection closed by peer", "Connection reset by peer")   # gloo, after another rank failed
 DENSE = {"attention.wq": (WIDTH, WIDTH), "attention.wk": (WIDTH, WIDTH), "attention.wv": (WIDTH, WIDTH),
          "attention.wo": (WIDTH, WIDTH), "mlp.w1": (4 * WIDTH, WIDTH), "mlp.w2": (WIDTH, 4 * WIDTH)}
 
 
 def expected_counts(layers: int = LAYERS) -> dict[str, dict[str, int]]:
-    """The collectives of one forward and one backward of the whole model under the sequence-parallel plan:
+    """The collectives of one forward and one backward of the whole model under the sequence-parallel plan.
+
+    Written by hand from the plan, not derived from a run (a count taken from a run would pass a wrong plan):
     per block an all-gather before attention and the MLP and a reduce-scatter after `wo` and `w2`, each
-    mirrored in backward; the rest of the model adds an all-reduce (the embedding), an all-gather before the
-    output layer and one of its scores, and in backward the gather and the scatter of the cuts around the blocks."""
+    mirrored in backward; the rest of the model (lesson 13's plan around the blocks) adds an all-reduce (the
+    embedding), an all-gather before the output layer and one of its scores, and in backward the gather and the
+    scatter of the cuts around the blocks."""
     return {"forward": {"all_reduce": 1, "all_gather_into_tensor": 2 * layers + 2, "reduce_scatter_tensor": 2 * layers},
             "backward": {"all_gather_into_tensor": 2 * layers + 1, "reduce_scatter_tensor": 2 * layers + 1}}
 
@@ -86,16 +91,27 @@ def _diagnose(reports: list[dict[str, Any]], world: int) -> str:
                                 "hold {want_shape}, as {want}: {reason}.").format(
                 name=name, got=shapes[name], dense=DENSE[name], held=held,
                 want_shape=options[want], want=want, reason=reason))
-    if first.get("error"):
-        block_in, outputs = first.get("block_input"), first.get("outputs", {})
+    failed = [(rank, report) for rank, report in enumerate(reports) if report.get("error")]
+    if failed:   # the first rank with an error of its own: a closed connection follows another rank's failure
+        rank, failing = next(((rank, report) for rank, report in failed if not any(
+            words in report["error"] for words in CONNECTION_LOST)), failed[0])
+        block_in, outputs, error = failing.get("block_input"), failing.get("outputs", {}), failing["error"]
         for part, shape in outputs.items():
-            if block_in and shape and shape[1] != block_in[1]:
+            if block_in and shape and shape[1] == world * block_in[1]:
                 raise CheckFailed(_("{part} returned {shape} on each rank where the residual stream holds {held}, "
                                     "{share} of the positions: its last layer must scatter its partial sums over "
                                     "the sequence, RowwiseParallel(output_layouts=Shard(1)), so that the sum "
                                     "x + {part}(…) adds the same positions ({error}).").format(
-                    part=part, shape=tuple(shape), held=tuple(block_in), share=f"1/{world}", error=first["error"]))
-        raise CheckFailed(_("the plan fails on the ranks: {error}").format(error=first["error"]))
+                    part=part, shape=tuple(shape), held=tuple(block_in), share=f"1/{world}", error=error))
+            if block_in and shape and shape[1] < block_in[1]:
+                raise CheckFailed(_("{part} returned {shape} on rank {rank} where the residual stream holds {held}: "
+                                    "its input was declared whole (Replicate()) where each rank holds a part of "
+                                    "the sequence, so nothing gathered it and its layers worked on that part alone. "
+                                    "Declare what each rank holds, and gather it once: "
+                                    "PrepareModuleInput(input_layouts=Shard(1), desired_input_layouts=Replicate()) "
+                                    "({error}).").format(part=part, shape=tuple(shape), rank=rank,
+                                                         held=tuple(block_in), error=error))
+        raise CheckFailed(_("the plan fails on the ranks: {error}").format(error=error))
     bound = ULPS * 2.0 ** -52 * first["scale"]
     off = {name: gaps for name, gaps in first["gaps"].items() if gaps["gap"] > bound}
     norms = [name for name in off if "norm" in name]
@@ -118,12 +134,19 @@ def _diagnose(reports: list[dict[str, Any]], world: int) -> str:
             counted = report["counts"][phase]
             if counted != plan[phase]:
                 extra = counted.get("all_gather_into_tensor", 0) - plan[phase]["all_gather_into_tensor"]
-                hint = (_(" More all-gathers than the plan: a sub-layer without PrepareModuleInput hands the "
-                          "halves of the sequence to its column layers, and each gathers them for itself (wq, wk "
+                hint = (_(" More all-gathers than the plan: a sub-layer without PrepareModuleInput hands its "
+                          "part of the sequence to its column layers, and each gathers it for itself (wq, wk "
                           "and wv one each in forward). Gather once at each sub-layer's input: "
                           "PrepareModuleInput(input_layouts=Shard(1), desired_input_layouts=Replicate()) on "
                           "\"attention\" and on \"mlp\".")
-                        if extra > 0 else "")
+                        if extra > 0 else
+                        _(" All-reduces in backward where the plan has none: a sub-layer's PrepareModuleInput with "
+                          "use_local_output=True hands its column layers the gathered sequence as a plain tensor, "
+                          "so each of them (wq, wk and wv, w1) all-reduces the gradient of its input, where the "
+                          "gradients of a DTensor are added first and reduce-scattered once. Keep the gathered "
+                          "input a DTensor: use_local_output=False (the default).")
+                        if phase == "backward" and counted.get("all_reduce", 0) > plan[phase].get("all_reduce", 0)
+                        else "")
                 raise CheckFailed(_("the numbers are one card's, but rank {rank}'s {phase} called {counted} where the "
                                     "plan calls {planned} (per block: one all-gather before each sub-layer, one "
                                     "reduce-scatter after it).{hint}").format(
