@@ -71,11 +71,14 @@ def test_capacity_agrees_with_a_plain_loop_for_top_2() -> None:
 TOP2_SCRIPT = Path(__file__).resolve().parent.parent / "notebooks" / "scripts" / "14_expert_parallel_top2.py"
 OWN_COUNTS = ("dist.all_reduce(counts)  ", "pass  # no all-reduce: each rank's f from its own counts  ")
 BATCH_CAPACITY = ("capacity_factor=FACTOR)", "capacity_factor=FACTOR * world)")   # the batch's C on each rank's tokens
+# float64's rounding, as the lesson allows it: the same sums in another order move a result by a few units in the last
+# place of its largest entry; the mistakes move it by 10⁻⁴ of it and more
+ROUNDING = 256 * torch.finfo(torch.float64).eps
 
 
 def one_card_gaps(reports: dict[int, dict], ranks: int) -> dict[str, float]:
     """The largest differences between the ranks' reports and one card applying each rank's capacity to its tokens
-    (the script's layer, batch and loss)."""
+    (the script's layer, batch and loss), each as a share of one card's largest |entry| of that quantity."""
     tokens, width, n_experts = 256, 64, 8
     torch.manual_seed(0)
     layer = MoE(width, n_experts, top_k=2, capacity_factor=1.0).double()
@@ -84,11 +87,13 @@ def one_card_gaps(reports: dict[int, dict], ranks: int) -> dict[str, float]:
     out = torch.cat([layer(part) for part in x.split(tokens)])
     layer(x)                                                       # the whole batch's balancing loss
     ((out * target).sum() / len(x) + 0.01 * layer.aux_loss).backward()
-    def gap(reported: list, expected: torch.Tensor) -> float:
-        return (torch.tensor(reported, dtype=torch.float64) - expected).abs().max().item()
+    def gap(reported, expected) -> float:
+        expected = torch.as_tensor(expected, dtype=torch.float64).detach()
+        difference = (torch.as_tensor(reported, dtype=torch.float64) - expected).abs().max().item()
+        return difference / max(expected.abs().max().item(), torch.finfo(torch.float64).tiny)
     ranked = [reports[r] for r in range(ranks)]
     return {"output": gap(sum((r["out"] for r in ranked), []), out),
-            "balancing loss": max(abs(r["balance"] - layer.aux_loss.item()) for r in ranked),
+            "balancing loss": max(gap(r["balance"], layer.aux_loss) for r in ranked),
             "router gradient": max(gap(g, p.grad) for r in ranked
                                    for g, p in zip(r["router_grad"], layer.router.parameters())),
             "expert gradients": max(gap(g, p.grad) for r in ranked for e, grads in r["expert_grads"].items()
@@ -124,11 +129,11 @@ def test_top2_expert_parallel_equals_one_card_and_tells_the_mistakes_apart() -> 
     reports = torchrun(script, nproc=2, timeout=180, echo=False).reports
     gaps = {name: one_card_gaps({r: reports[r][name] for r in range(2)}, 2)
             for name in ("right", "own counts", "batch capacity")}
-    assert max(gaps["right"].values()) <= 1e-12, gaps["right"]
+    assert max(gaps["right"].values()) <= ROUNDING, gaps["right"]
     own = gaps["own counts"]          # the experts' work is right; the balancing loss and the router's gradient not
-    assert own["output"] <= 1e-12 and own["expert gradients"] <= 1e-12
-    assert own["balancing loss"] > 1e-6 and own["router gradient"] > 1e-9, own
-    assert gaps["batch capacity"]["output"] > 1e-3, gaps["batch capacity"]   # keeps what each rank's capacity drops
+    assert own["output"] <= ROUNDING and own["expert gradients"] <= ROUNDING
+    assert own["balancing loss"] > 1e6 * ROUNDING and own["router gradient"] > 1e6 * ROUNDING, own
+    assert gaps["batch capacity"]["output"] > 1e6 * ROUNDING, gaps["batch capacity"]   # keeps what each rank drops
     assert leftover_processes() == []
 
 
@@ -144,7 +149,8 @@ def test_experts_on_a_2x2_mesh_equal_one_card_only_with_their_gradients_added_ov
                                     {"right": None, "not over data": NOT_OVER_DATA})
     reports = torchrun(script, nproc=4, timeout=180, echo=False).reports
     gaps = {name: one_card_gaps({r: reports[r][name] for r in range(4)}, 4) for name in ("right", "not over data")}
-    assert max(gaps["right"].values()) <= 1e-12, gaps["right"]
+    assert max(gaps["right"].values()) <= ROUNDING, gaps["right"]
     alone = gaps["not over data"]     # each copy of an expert has only its group's tokens' part of the gradient
-    assert alone["output"] <= 1e-12 and alone["router gradient"] <= 1e-12 and alone["expert gradients"] > 1e-6, alone
+    assert alone["output"] <= ROUNDING and alone["router gradient"] <= ROUNDING, alone
+    assert alone["expert gradients"] > 1e6 * ROUNDING, alone
     assert leftover_processes() == []
