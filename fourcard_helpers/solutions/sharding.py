@@ -93,7 +93,10 @@ class HandFSDP(nn.Module):
     `compute_dtype` (bf16, fp16): weights gathered and used in it; masters, their gradients and the optimizer
     keep the model's own dtype (float32). A weight tied between modules (one parameter in both) keeps one shard,
     gathered for each use; its gradient is the sum of both uses'. A module called twice in one forward is gathered
-    and reduce-scattered at each call (fully_shard adds the calls' gradients and reduce-scatters once)."""
+    and reduce-scattered at each call (fully_shard adds the calls' gradients and reduce-scatters once).
+    Floating-point inputs, positional or keyword, are cast to `compute_dtype` only where a module that owns
+    parameters is called: a module without parameters of its own that gets a float32 keyword computes in float32,
+    where fully_shard (cast_forward_inputs) casts the inputs of every module it wraps, the root included."""
 
     def __init__(self, module, compute_dtype=None, shard_types=(nn.Linear, nn.Embedding)):
         super().__init__()
