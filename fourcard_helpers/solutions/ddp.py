@@ -17,7 +17,9 @@ from torch import nn
 def _unused(names):
     """What went wrong when backward left parameters without a gradient, and what to do."""
     return (f"no gradient reached {', '.join(names)} in this backward, so no all-reduce was sent for it; a rank "
-            "that did send one now waits for a partner that never comes. Likely cause: the forward did not use "
+            "that did send one has no partner for it: it waits until the time limit, or its all-reduce meets the "
+            "next one this rank sends (gloo pairs them in order), which fails on their sizes or, where the sizes "
+            "match, adds the wrong gradients. Likely cause: the forward did not use "
             "it (on this rank, or on every rank). Fix: use every parameter in every forward, or freeze the unused "
             "ones (requires_grad_(False)) before wrapping the model.")
 
