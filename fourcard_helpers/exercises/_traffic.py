@@ -26,7 +26,10 @@ import torch.distributed.distributed_c10d as c10d
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all",
                "all_to_all_single", "broadcast", "broadcast_object_list", "gather", "gather_object", "reduce",
                "reduce_scatter", "reduce_scatter_tensor", "scatter", "scatter_object_list")
-GRACE_SECONDS = 1.0  # a rank whose limit passed waits this long before it exits, so that every rank writes its record
+# A rank whose limit passed waits for every rank's record before it exits (its exit ends the launch). The ranks
+# start their limits together, after a barrier, but a loaded machine may run a rank's timer seconds late: the wait
+# is for the records, and this bound only keeps a rank that left the block by an error from holding the check.
+RECORDS_BOUND_SECONDS = 60.0
 
 
 class _Watched:
@@ -132,7 +135,7 @@ def _count(peers: Iterator[Any]) -> dict[str, int]:
 def time_limit(seconds: float, folder: str | os.PathLike[str], traffic: Traffic) -> Iterator[None]:
     """End this rank if the block has not finished after `seconds`, leaving `stuck.<rank>` in
     `folder`: what the rank was doing and the sends and receives it posted that never completed."""
-    rank = dist.get_rank()
+    rank, world = dist.get_rank(), dist.get_world_size()
 
     def give_up() -> None:
         record = {"rank": rank, "during": traffic.label, "pending": traffic.pending(),
@@ -140,9 +143,12 @@ def time_limit(seconds: float, folder: str | os.PathLike[str], traffic: Traffic)
                   "sends_posted_to": _count(op["peer"] for op in traffic.ops if op["op"] == "send"),
                   "received_from": _count(op["peer"] for op in traffic.ops if op["op"] == "recv" and op["done"])}
         path = Path(folder) / f"stuck.{rank}"
-        path.with_suffix(".tmp").write_text(json.dumps(record), encoding="utf-8")
-        path.with_suffix(".tmp").replace(path)
-        time.sleep(GRACE_SECONDS)  # the other ranks' limits pass meanwhile: each writes its own record
+        written = Path(folder) / f"stuck.{rank}.tmp"  # one per rank: the record appears whole, under its name
+        written.write_text(json.dumps(record), encoding="utf-8")
+        written.replace(path)
+        deadline = time.monotonic() + RECORDS_BOUND_SECONDS
+        while len(stuck_records(folder)) < world and time.monotonic() < deadline:
+            time.sleep(0.05)  # the other ranks' limits pass meanwhile: each writes its own record
         os._exit(3)
 
     timer = threading.Timer(seconds, give_up)
