@@ -5,9 +5,11 @@ from one catalog per text (the `.po` format translators' tools read: Poedit, Web
 
 * a lesson `notebooks/NN_x.ipynb` has `docs/zh/lessons/NN_x.po`: one entry per markdown cell,
   keyed by the cell's id (msgctxt), its English source as msgid and the Chinese as msgstr.
-  `notebooks/zh/NN_x.ipynb` is the English notebook with those cells in Chinese: its code cells
-  and stored outputs are the English ones (tests/test_chinese.py checks it), so it needs no nbval
-  run of its own; after an English lesson is re-run, `build` copies its new outputs.
+  `notebooks/zh/NN_x.ipynb` is the English notebook with those cells in Chinese, and with the line
+  `%fourcards_lang zh` under its first code cell's `%load_ext fourcard_helpers` (the package's
+  messages in Chinese); its other code cells and stored outputs are the English ones
+  (tests/test_chinese.py checks it), so it needs no nbval run of its own; after an English lesson
+  is re-run, `build` copies its new outputs.
 * `README.md` and `docs/instructor_guide.md` have `docs/zh/README.po` and
   `docs/zh/instructor_guide.po`, one entry per paragraph (code blocks are copied, not translated):
   `README.zh.md` and `docs/instructor_guide.zh.md` are built from them, with the same commands.
@@ -304,8 +306,23 @@ def problems(these: list[tuple[Path, list[Message]]] | None = None) -> list[str]
 
 
 # -- what is built -----------------------------------------------------------------------------
+LOAD_EXTENSION = "%load_ext fourcard_helpers\n"
+# Under the first code cell's `%load_ext fourcard_helpers`, a Chinese lesson chooses Chinese for the
+# package's messages: a line the learner sees, with how to switch (fourcard_helpers/language.py).
+SPEAK_CHINESE = ("# 课程包的提示和练习判定用中文；改成 %fourcards_lang en 即为英文（设置了 FOURCARDS_LANG 时以它为准）\n"
+                 "%fourcards_lang zh\n")
+
+
+def chinese_code(source: str) -> str:
+    """A code cell of the Chinese lesson: the English one, with Chinese chosen under the extension's load."""
+    if not source.startswith(LOAD_EXTENSION):
+        return source
+    return LOAD_EXTENSION + SPEAK_CHINESE + source[len(LOAD_EXTENSION):]
+
+
 def built_lesson(lesson: Path) -> str:
-    """The Chinese notebook for `lesson`: its markdown cells from the catalog, the rest as it is."""
+    """The Chinese notebook for `lesson`: its markdown cells from the catalog, its first code cell
+    choosing Chinese (chinese_code), the rest as it is."""
     notebook = read_notebook(lesson)
     chinese = translated(_load(lesson_catalog(lesson)))
     for cell in notebook["cells"]:
@@ -313,6 +330,8 @@ def built_lesson(lesson: Path) -> str:
             text = chinese.get((cell["id"], "".join(cell["source"])))
             if text is not None:
                 cell["source"] = text.splitlines(True)
+        elif cell["cell_type"] == "code" and "".join(cell["source"]).startswith(LOAD_EXTENSION):
+            cell["source"] = chinese_code("".join(cell["source"])).splitlines(True)
     notebook["metadata"]["language"] = "zh-CN"  # read by tests; the lesson's other metadata is kept
     return notebook_text(notebook)
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .language import _
 from .rundir import DEVICE_ENV
 
 CHOICES = ("auto", "cpu", "cuda")
@@ -41,19 +42,19 @@ class Cards:
         if self.kind == "cuda":
             names = sorted(set(self.names))
             label = names[0] if len(names) == 1 else " / ".join(names)
-            return f"{self.count} × {label} ({self.backend.upper()})"
-        plural = "card" if self.count == 1 else "cards"
-        return f"{self.count} simulated {plural} (CPU processes, {self.backend}) — {self.reason}"
+            return _("{count} × {label} ({backend})").format(count=self.count, label=label, backend=self.backend.upper())
+        simulated = (_("{count} simulated card (CPU processes, {backend}) — {reason}") if self.count == 1 else
+                     _("{count} simulated cards (CPU processes, {backend}) — {reason}"))
+        return simulated.format(count=self.count, backend=self.backend, reason=self.reason)
 
 
 def requested() -> str:
     """The user's choice from FOURCARD_DEVICE (auto when unset)."""
     choice = os.environ.get(DEVICE_ENV, "auto").strip().lower() or "auto"
     if choice not in CHOICES:
-        raise CardsError(
-            f"{DEVICE_ENV}={choice!r} is not understood: use one of {', '.join(CHOICES)} "
-            f"(auto picks GPUs when there are enough, else simulated cards)."
-        )
+        raise CardsError(_("{setting}={choice} is not understood: use one of {choices} (auto picks GPUs when there "
+                           "are enough, else simulated cards).").format(setting=DEVICE_ENV, choice=repr(choice),
+                                                                        choices=", ".join(CHOICES)))
     return choice
 
 
@@ -64,27 +65,24 @@ def detect(nproc: int = 4) -> Cards:
     GPU per rank); FOURCARD_DEVICE=cuda insists on GPUs and fails clearly without them.
     """
     if nproc < 1:
-        raise CardsError(f"nproc must be at least 1, got {nproc}.")
+        raise CardsError(_("nproc must be at least 1, got {nproc}.").format(nproc=nproc))
     choice = requested()
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     names = tuple(torch.cuda.get_device_name(i) for i in range(min(gpus, nproc)))
     if choice == "cuda" or (choice == "auto" and gpus >= nproc):
         if gpus == 0:
-            raise CardsError(
-                f"{DEVICE_ENV}=cuda but no GPU found: unset it (or set {DEVICE_ENV}=cpu) to use "
-                f"simulated cards, or run on a machine with {nproc} GPUs."
-            )
+            raise CardsError(_("{setting}=cuda but no GPU found: unset it (or set {setting}=cpu) to use simulated "
+                               "cards, or run on a machine with {nproc} GPUs.").format(setting=DEVICE_ENV, nproc=nproc))
         if gpus < nproc:
-            raise CardsError(
-                f"{nproc} ranks asked for but {gpus} GPU{'s' if gpus > 1 else ''} found "
-                f"(NCCL needs one GPU per rank): pass nproc={gpus} or use simulated cards "
-                f"with {DEVICE_ENV}=cpu."
-            )
-        return Cards("cuda", nproc, "nccl", names, "GPUs found")
+            found = _("{nproc} ranks asked for but {gpus} GPU found") if gpus == 1 else _("{nproc} ranks asked for but {gpus} GPUs found")
+            raise CardsError((found + _(" (NCCL needs one GPU per rank): pass nproc={gpus} or use simulated cards "
+                                        "with {setting}=cpu.")).format(nproc=nproc, gpus=gpus, setting=DEVICE_ENV))
+        return Cards("cuda", nproc, "nccl", names, _("GPUs found"))
     if choice == "cpu":
         reason = f"{DEVICE_ENV}=cpu"
     elif gpus == 0:
-        reason = "no GPU found"
+        reason = _("no GPU found")
     else:
-        reason = f"only {gpus} GPU{'s' if gpus > 1 else ''} found for {nproc} ranks"
+        reason = (_("only {gpus} GPU found for {nproc} ranks") if gpus == 1 else
+                  _("only {gpus} GPUs found for {nproc} ranks")).format(gpus=gpus, nproc=nproc)
     return Cards("cpu", nproc, "gloo", (), reason)

@@ -17,6 +17,8 @@ from pathlib import Path
 import torch
 from torch.utils.data import TensorDataset
 
+from .language import _
+
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 SUBSET_DIR = DATA_DIR / "mnist_5k"
 FULL_DIR = DATA_DIR / "mnist_full"
@@ -41,30 +43,31 @@ class MnistDataError(RuntimeError):
 
 def _fix(path: Path) -> str:
     if path.parent == FULL_DIR:
-        return "run fourcard_helpers.download_full_mnist() (needs the internet), or use full=False"
-    return "restore it with `git checkout -- data/` or rebuild it with `python data/build_mnist_subset.py`"
+        return _("run fourcard_helpers.download_full_mnist() (needs the internet), or use full=False")
+    return _("restore it with `git checkout -- data/` or rebuild it with `python data/build_mnist_subset.py`")
 
 
 def read_idx(path: Path) -> torch.Tensor:
     """Read a (gzipped) IDX file: a 4-byte magic (0, 0, type, ndim), the sizes, the data."""
     path = Path(path)
     if not path.is_file():
-        raise MnistDataError(f"MNIST file missing: {path.name} (in {path.parent.name}/): {_fix(path)}.")
+        raise MnistDataError(_("MNIST file missing: {name} (in {folder}/): {fix}.").format(
+            name=path.name, folder=path.parent.name, fix=_fix(path)))
     try:
         raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
         zero, kind, ndim = struct.unpack(">HBB", raw[:4])
         shape = struct.unpack(f">{ndim}I", raw[4 : 4 + 4 * ndim])
     except (OSError, EOFError, struct.error, gzip.BadGzipFile) as error:
-        raise MnistDataError(f"MNIST file corrupt: {path.name} ({error}): {_fix(path)}.") from error
+        raise MnistDataError(_("MNIST file corrupt: {name} ({error}): {fix}.").format(
+            name=path.name, error=error, fix=_fix(path))) from error
     body = raw[4 + 4 * ndim :]
     count = 1
     for size in shape:
         count *= size
     if zero != 0 or kind not in IDX_TYPES or len(body) != count:
-        raise MnistDataError(
-            f"MNIST file corrupt: {path.name} (header says {shape}, type {kind:#x}, "
-            f"but holds {len(body)} bytes): {_fix(path)}."
-        )
+        raise MnistDataError(_("MNIST file corrupt: {name} (header says {shape}, type {kind}, but holds {size} bytes): "
+                               "{fix}.").format(name=path.name, shape=shape, kind=f"{kind:#x}", size=len(body),
+                                                fix=_fix(path)))
     return torch.frombuffer(bytearray(body), dtype=IDX_TYPES[kind]).reshape(shape)
 
 
@@ -82,11 +85,12 @@ def load_mnist_raw(split: str = "train", full: bool = False) -> tuple[torch.Tens
 def _read_split(split: str, full: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """The files of one split, read once per process; never handed out (see load_mnist_raw)."""
     if split not in FILES:
-        raise ValueError(f"split must be 'train' or 'test', not {split!r}")
+        raise ValueError(_("split must be 'train' or 'test', not {split}").format(split=repr(split)))
     folder = FULL_DIR if full else SUBSET_DIR
     images, labels = (read_idx(folder / name) for name in FILES[split])
     if len(images) != len(labels):
-        raise MnistDataError(f"{folder.name}/: {len(images)} images but {len(labels)} labels: {_fix(folder / 'x')}.")
+        raise MnistDataError(_("{folder}/: {images} images but {labels} labels: {fix}.").format(
+            folder=folder.name, images=len(images), labels=len(labels), fix=_fix(folder / "x")))
     return images, labels.long()
 
 
@@ -135,12 +139,12 @@ def download_full_mnist(folder: Path = FULL_DIR) -> Path:
                 errors.append(f"{mirror}: {error}")
                 continue
             if hashlib.md5(payload).hexdigest() != md5:
-                errors.append(f"{mirror}: checksum mismatch")
+                errors.append(_("{mirror}: checksum mismatch").format(mirror=mirror))
                 continue
             target.write_bytes(payload)
             break
         else:
-            raise MnistDataError(f"could not download {name}: " + "; ".join(errors))
+            raise MnistDataError(_("could not download {name}: {errors}").format(name=name, errors="; ".join(errors)))
     _read_split.cache_clear()
     normalisation.cache_clear()
     return folder

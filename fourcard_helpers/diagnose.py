@@ -126,7 +126,7 @@ def _raised(rank: int, nproc: int, error: dict[str, Any], simulated: bool, tail:
 
 def _crashed(rank: int, nproc: int, stack: str, signal_name: str | None, tail: str) -> str:
     signal_name = signal_name or _faulthandler_signal(stack)
-    name = f" ({signal_name})" if signal_name else ""
+    name = _(" ({signal})").format(signal=signal_name) if signal_name else ""
     stack = "".join(  # the script's frames; not the worker's nor the module list
         line for line in stack.splitlines(True)
         if not re.search(r"fourcard_helpers.worker|<frozen runpy>|^Extension modules", line))

@@ -38,9 +38,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from . import language
 from .cards import Cards, detect
 from .diagnose import Ending, LaunchError, diagnose
 from .doctor import examine
+from .language import _
 from .lifecycle import KernelPipe, marked_processes, stop
 from .reporting import REPO_ROOT, shorten_paths
 from .rundir import (DEVICE_ENV, DOCTOR, DOCTOR_ENV, ERROR, LABEL_ENV, LAUNCHER_ENV, PID, REPORT, RUN_DIR_ENV, STDERR,
@@ -73,13 +75,15 @@ class LaunchResult:
         """`key` as reported by every rank, in rank order (rank 0 first)."""
         missing = [rank for rank in range(self.nproc) if key not in self.reports.get(rank, {})]
         if missing:
-            raise KeyError(f"ranks {missing} did not report {key!r}; call report({key}=...) on every rank")
+            raise KeyError(_("ranks {missing} did not report {key}; call report({name}=...) on every rank").format(
+                missing=missing, key=repr(key), name=key))
         return [self.reports[rank][key] for rank in range(self.nproc)]
 
     def __repr__(self) -> str:
         ranks = sorted(self.reports)
-        said = f"reports from ranks {ranks}" if ranks else "no reports"
-        return f"<LaunchResult: {self.nproc} ranks ok in {self.seconds:.1f} s, {said}>"
+        said = _("reports from ranks {ranks}").format(ranks=ranks) if ranks else _("no reports")
+        return _("<LaunchResult: {nproc} ranks ok in {seconds} s, {said}>").format(
+            nproc=self.nproc, seconds=f"{self.seconds:.1f}", said=said)
 
 
 def leftover_processes(launcher_pid: int | None = None) -> list[int]:
@@ -139,6 +143,7 @@ def rank_environment(cards: Cards, run_dir: Path, label: str, extra: Mapping[str
     loopback = _loopback_interface()
     if cards.kind == "cpu" and loopback and "GLOO_SOCKET_IFNAME" not in os.environ:
         env["GLOO_SOCKET_IFNAME"] = loopback  # simulated cards talk over loopback only
+    env.update(language.for_ranks())  # a rank speaks as the notebook does (language.py)
     env.update(extra or {})
     return env
 
@@ -176,7 +181,8 @@ def _script_file(script: str | Path, run_dir: Path) -> tuple[Path, str]:
     if isinstance(script, Path) or ("\n" not in script and script.endswith(".py") and Path(script).is_file()):
         path = Path(script)
         if not path.is_file():
-            raise FileNotFoundError(f"script {path} not found (relative paths start at {Path.cwd().name}/)")
+            raise FileNotFoundError(_("script {path} not found (relative paths start at {folder}/)").format(
+                path=path, folder=Path.cwd().name))
         return path, str(script)
     path = run_dir / "cell.py"
     path.write_text(script, encoding="utf-8")
@@ -257,10 +263,12 @@ class _Launch:
             ])
         if self.echo:
             cores = os.cpu_count() or 1
-            sharing = (f"; OMP_NUM_THREADS={self.env['OMP_NUM_THREADS']} per rank ({cores} CPU cores shared)"
-                       if self.cards.kind == "cpu" else "")
-            nodes = f" ({self.nnodes} nodes × {per_node}, one torchrun agent each)" if self.nnodes > 1 else ""
-            print(f"torchrun: {self.nproc} ranks{nodes} on {self.cards.describe()}{sharing}", flush=True)
+            sharing = (_("; OMP_NUM_THREADS={threads} per rank ({cores} CPU cores shared)").format(
+                threads=self.env["OMP_NUM_THREADS"], cores=cores) if self.cards.kind == "cpu" else "")
+            nodes = (_(" ({nnodes} nodes × {per_node}, one torchrun agent each)").format(
+                nnodes=self.nnodes, per_node=per_node) if self.nnodes > 1 else "")
+            print(_("torchrun: {nproc} ranks{nodes} on {cards}{sharing}").format(
+                nproc=self.nproc, nodes=nodes, cards=self.cards.describe(), sharing=sharing), flush=True)
 
     def start(self) -> None:
         """Start each torchrun agent (through agent.py) as the root of a tree (lifecycle.py): a
@@ -355,8 +363,9 @@ class _Launch:
         warnings = examine(self.run.read_json(DOCTOR), self.nproc) if self.doctor else []
         if self.echo:
             for warning in warnings:
-                print(f"torchrun: doctor: {warning}", flush=True)
-            print(f"torchrun: {self.nproc} ranks finished in {seconds:.1f} s", flush=True)
+                print(_("torchrun: doctor: {warning}").format(warning=warning), flush=True)
+            print(_("torchrun: {nproc} ranks finished in {seconds} s").format(nproc=self.nproc, seconds=f"{seconds:.1f}"),
+                  flush=True)
         return LaunchResult(self.nproc, self.cards, seconds, reports, log, warnings)
 
     def cleanup(self) -> None:
@@ -387,11 +396,11 @@ def torchrun(script: str | Path, nproc: int = 4, args: Iterable[str] = (), timeo
     """
     __tracebackhide__ = True  # noqa: F841 - IPython: show the learner's error, not ours
     if not timeout > 0:  # also refuses NaN
-        raise LaunchError(f"timeout must be a positive number of seconds, not {timeout!r}: it is how long "
-                          "the ranks may run before they are all stopped.")
+        raise LaunchError(_("timeout must be a positive number of seconds, not {timeout}: it is how long the ranks "
+                            "may run before they are all stopped.").format(timeout=repr(timeout)))
     if nnodes < 1:
-        raise LaunchError(f"nnodes must be at least 1, not {nnodes!r}: it is how many torchrun agents "
-                          "(machines of a cluster) to start on this one.")
+        raise LaunchError(_("nnodes must be at least 1, not {nnodes}: it is how many torchrun agents (machines of a "
+                            "cluster) to start on this one.").format(nnodes=repr(nnodes)))
     launch = _Launch(detect(nproc * nnodes), echo, doctor, nnodes, max_restarts)
     try:
         launch.prepare(script, args, env, label)
@@ -402,7 +411,8 @@ def torchrun(script: str | Path, nproc: int = 4, args: Iterable[str] = (), timeo
             launch.stop()  # the one place a launch ends: finished, failed, timed out or interrupted
         return launch.explain(how, timeout)
     except KeyboardInterrupt:
-        print(f"torchrun: interrupted; all {nproc * nnodes} ranks stopped", file=sys.stderr, flush=True)
+        print(_("torchrun: interrupted; all {world} ranks stopped").format(world=nproc * nnodes), file=sys.stderr,
+              flush=True)
         raise
     finally:
         launch.cleanup()

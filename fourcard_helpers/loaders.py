@@ -14,6 +14,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler, get_worker_info
 
+from .language import _
+
 
 def _spin(loops: int) -> int:
     """Pure-Python work that holds the GIL the whole time, like decoding or augmenting in Python."""
@@ -46,7 +48,7 @@ class SyntheticCostDataset(Dataset):
 
     def __init__(self, size: int = 2048, cost_us: float = 0.0, kind: str = "cpu", seed: int = 0) -> None:
         if kind not in ("cpu", "io"):
-            raise ValueError(f"kind must be 'cpu' or 'io', not {kind!r}")
+            raise ValueError(_("kind must be 'cpu' or 'io', not {kind}").format(kind=repr(kind)))
         generator = torch.Generator().manual_seed(seed)
         self.images = torch.rand(size, 1, 28, 28, generator=generator)
         self.labels = torch.randint(0, 10, (size,), generator=generator)
@@ -102,7 +104,7 @@ class RandomShiftDataset(Dataset):
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, max_shift: int = 2, rng: str = "torch",
                  seed: int = 0) -> None:
         if rng not in ("torch", "numpy"):
-            raise ValueError(f"rng must be 'torch' or 'numpy', not {rng!r}")
+            raise ValueError(_("rng must be 'torch' or 'numpy', not {rng}").format(rng=repr(rng)))
         self.images, self.labels, self.max_shift, self.rng_kind = images, labels, max_shift, rng
         self.rng = np.random.default_rng(seed) if rng == "numpy" else None
 

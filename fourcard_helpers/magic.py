@@ -14,6 +14,9 @@ from a terminal with `torchrun --nproc-per-node=4 scripts/train.py`. An exercise
 a script that still says `raise NotImplementedError` where the learner's code goes, is saved
 but not launched: every rank would only raise it, after seconds of starting up.
 
+`%fourcards_lang zh` makes the package's messages Chinese in this notebook (a Chinese lesson's first
+code cell says it; see language.py); the setting FOURCARDS_LANG, where it is set, still decides.
+
 `%%solution` runs an exercise's hidden reference solution in a copy of the notebook's
 namespace, so "Run All" proves every solution passes its check while the learner's own
 definitions stay as the learner wrote them.
@@ -25,16 +28,18 @@ import contextlib
 import io
 import itertools
 import linecache
+import os
 import shlex
 import sys
 from pathlib import Path
 from typing import Any
 
-from IPython.core.magic import Magics, cell_magic, magics_class
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from . import check
+from . import check, language
 from .cards import CardsError
+from .language import _
 from .launch import LaunchError, LaunchResult, torchrun
 from .ranks import RankSessionError, RanksMagics
 
@@ -71,8 +76,9 @@ class TorchrunMagics(Magics):
             self.shell.user_ns.pop(options.result, None)  # a check must judge this run, never an earlier one
         placeholder = placeholder_line(cell)
         if placeholder is not None:
-            print(f"○ not launched: line {placeholder + 1} of this cell still says `raise NotImplementedError`, the "
-                  "place for your code. Write your code there (and remove that line), then run this cell again.")
+            print("○ " + _("not launched: line {line} of this cell still says `raise NotImplementedError`, the "
+                           "place for your code. Write your code there (and remove that line), then run this cell "
+                           "again.").format(line=placeholder + 1))
             return None
         result = torchrun(script, nproc=options.nproc, args=script_args, timeout=options.timeout,
                           doctor=not options.no_doctor, nnodes=options.nnodes,
@@ -80,6 +86,26 @@ class TorchrunMagics(Magics):
         if options.result:
             self.shell.user_ns[options.result] = result
         return result
+
+    @line_magic
+    def fourcards_lang(self, line: str) -> None:
+        """`%fourcards_lang zh` (or `en`): the language of the package's messages in this notebook.
+        The setting FOURCARDS_LANG, where it is set, still decides; without an argument, say what
+        decides now."""
+        words = line.split("#")[0].split()
+        if words:
+            language.choose(words[0])
+            return
+        if language.SETTING in os.environ and os.environ[language.SETTING].strip():
+            print(_("Messages follow the setting {setting}={value}.").format(
+                setting=language.SETTING, value=os.environ[language.SETTING].strip()))
+        elif language.chosen():
+            print(_("Messages are in the language this notebook chose: {value} (`%fourcards_lang en` switches "
+                    "to English; the setting {setting} wins over it).").format(value=language.chosen(),
+                                                                            setting=language.SETTING))
+        else:
+            print(_("Messages follow this machine's locale (`%fourcards_lang zh` switches to Chinese, "
+                    "`%fourcards_lang en` to English)."))
 
     @cell_magic
     def solution(self, line: str, cell: str) -> None:
@@ -141,7 +167,7 @@ def _show_error(shell: Any, etype: type, value: BaseException, tb: Any, tb_offse
 
 
 def register(ipython: Any) -> None:
-    """Register the magics (`%%torchrun`, `%%solution`, `%ranks`/`%%ranks`) and the error display."""
+    """Register the magics (`%%torchrun`, `%%solution`, `%fourcards_lang`, `%ranks`/`%%ranks`) and the error display."""
     ipython.register_magics(TorchrunMagics)
     ipython.register_magics(RanksMagics)
     ipython.set_custom_exc((LaunchError, CardsError, RankSessionError), _show_error)

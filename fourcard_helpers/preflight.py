@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .language import _
+
 NPROC = 4
 ALL_REDUCE_MB = 4  # large enough to measure bandwidth, small enough for a laptop in seconds
 MIN_FREE_DISK_GB = 2.0  # the capstone's checkpoints and the shipped data need far less; leave room
@@ -68,7 +70,7 @@ class Findings:
 
     def fail(self, text: str, fix: str = "") -> None:
         """A problem that stops the course; `fix` is empty when `text` already says what to do."""
-        message = f"{text}. Fix: {fix}" if fix else text
+        message = _("{problem}. Fix: {fix}").format(problem=text, fix=fix) if fix else text
         self.say("✗", message)
         self.problems.append(message)
 
@@ -98,31 +100,32 @@ def check_system(found: Findings, platform: str = sys.platform) -> None:
     if platform.startswith("linux"):
         found.ok("Linux")
     else:
-        found.fail(f"this is {platform}, and the course runs on Linux only",
-                   "on Windows, use WSL 2 (a Linux); on macOS, a Linux virtual machine or container")
+        found.fail(_("this is {platform}, and the course runs on Linux only").format(platform=platform),
+                   _("on Windows, use WSL 2 (a Linux); on macOS, a Linux virtual machine or container"))
 
 
 def check_python_and_packages(found: Findings) -> None:
     version = ".".join(map(str, sys.version_info[:3]))
     if sys.version_info < (3, 10):
-        found.fail(f"Python {version} is too old", "use Python 3.10 or newer")
+        found.fail(_("Python {version} is too old").format(version=version), _("use Python 3.10 or newer"))
     else:
         found.ok(f"Python {version}")
     pins = pinned_versions()
     if not pins:
-        found.warn("fourcard-helpers is not installed, so its pins are unknown: run pip install -e . in the course folder")
+        found.warn(_("fourcard-helpers is not installed, so its pins are unknown: run pip install -e . in the course "
+                     "folder"))
     for name in ("torch", "numpy", "matplotlib", "ipywidgets", "jupyterlab"):
         try:
             have = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
-            found.fail(f"{name} is not installed", "pip install -e . in the course folder")
+            found.fail(_("{name} is not installed").format(name=name), _("pip install -e . in the course folder"))
             continue
         want = pins.get(name)
         if want and have.split("+")[0] != want:
-            found.warn(f"{name} {have}, but the stored outputs were made with {want}: lessons run, "
-                       f"some printed numbers may differ (pip install -e . installs {want})")
+            found.warn(_("{name} {have}, but the stored outputs were made with {want}: lessons run, some printed "
+                         "numbers may differ (pip install -e . installs {want})").format(name=name, have=have, want=want))
         else:
-            found.ok(f"{name} {have}" + (" (the pinned version)" if want else ""))
+            found.ok(f"{name} {have}" + (_(" (the pinned version)") if want else ""))
 
 
 def check_cards(found: Findings):  # -> Cards | None
@@ -133,18 +136,20 @@ def check_cards(found: Findings):  # -> Cards | None
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     for index in range(gpus):
         props = torch.cuda.get_device_properties(index)
-        found.ok(f"GPU {index}: {props.name}, {props.total_memory / 2**30:.0f} GiB")
+        found.ok(_("GPU {index}: {name}, {gib} GiB").format(index=index, name=props.name,
+                                                            gib=f"{props.total_memory / 2**30:.0f}"))
     if gpus >= 2:
         peers = [(i, j) for i in range(gpus) for j in range(gpus) if i != j]
         blocked = [(i, j) for i, j in peers if not torch.cuda.can_device_access_peer(i, j)]
         if blocked:
-            found.warn(f"peer-to-peer access is off for {len(blocked)} of {len(peers)} GPU pairs: their "
-                       "traffic goes through host memory (usual on consumer cards with stock drivers)")
+            found.warn(_("peer-to-peer access is off for {blocked} of {pairs} GPU pairs: their traffic goes through "
+                         "host memory (usual on consumer cards with stock drivers)").format(
+                             blocked=len(blocked), pairs=len(peers)))
         else:
-            found.ok(f"peer-to-peer access on between all {gpus} GPUs")
+            found.ok(_("peer-to-peer access on between all {gpus} GPUs").format(gpus=gpus))
         topology = gpu_topology()
         if topology:
-            found.say(" ", "nvidia-smi topo -m (NV# = NVLink, PIX/PXB/PHB/NODE/SYS = PCIe paths):")
+            found.say(" ", _("nvidia-smi topo -m (NV# = NVLink, PIX/PXB/PHB/NODE/SYS = PCIe paths):"))
             for line in topology.splitlines():
                 found.say(" ", f"    {line}")
     try:
@@ -152,10 +157,12 @@ def check_cards(found: Findings):  # -> Cards | None
     except CardsError as error:
         found.fail(str(error))  # CardsError says what to do
         return None
-    found.ok(f"cards: {cards.describe()}")
+    found.ok(_("cards: {cards}").format(cards=cards.describe()))
     if cards.kind == "cpu" and 0 < gpus < NPROC:
-        found.say(" ", f"    with {gpus} GPU{'s' if gpus > 1 else ''}, launches use simulated cards "
-                       "(NCCL needs one GPU per rank); single-process cells can still use cuda:0")
+        with_gpus = (_("with {gpus} GPU, launches use simulated cards") if gpus == 1 else
+                     _("with {gpus} GPUs, launches use simulated cards")).format(gpus=gpus)
+        found.say(" ", "    " + with_gpus + _(" (NCCL needs one GPU per rank); single-process cells can still use "
+                                              "cuda:0"))
     return cards
 
 
@@ -173,9 +180,10 @@ def gpu_topology() -> str:
 def check_cores(found: Findings, cards) -> None:
     cores = os.cpu_count() or 1
     per_rank = max(1, cores // NPROC)
-    text = f"{cores} CPU cores: each of {NPROC} ranks gets OMP_NUM_THREADS={per_rank}"
+    text = _("{cores} CPU cores: each of {nproc} ranks gets OMP_NUM_THREADS={threads}").format(
+        cores=cores, nproc=NPROC, threads=per_rank)
     if cards is not None and cards.kind == "cpu" and cores < 2:
-        found.warn(text + "; with one core, four simulated cards take turns and lessons run slowly")
+        found.warn(text + _("; with one core, four simulated cards take turns and lessons run slowly"))
     else:
         found.ok(text)
 
@@ -189,22 +197,22 @@ def check_loopback(found: Findings) -> None:
             with socket.create_connection(("127.0.0.1", port), timeout=5):
                 pass
     except OSError as error:
-        found.fail(f"cannot open a port on 127.0.0.1 ({error})",
-                   "ranks meet on the loopback interface: allow local TCP connections")
+        found.fail(_("cannot open a port on 127.0.0.1 ({error})").format(error=error),
+                   _("ranks meet on the loopback interface: allow local TCP connections"))
         return
     names = {name for _, name in socket.if_nameindex()} if hasattr(socket, "if_nameindex") else set()
-    where = f" (interface {'lo' if 'lo' in names else 'lo0'})" if names & {"lo", "lo0"} else ""
-    found.ok(f"loopback network: a port on 127.0.0.1 opens and accepts a connection{where}")
+    where = (_(" (interface {name})").format(name="lo" if "lo" in names else "lo0") if names & {"lo", "lo0"} else "")
+    found.ok(_("loopback network: a port on 127.0.0.1 opens and accepts a connection{where}").format(where=where))
 
 
 def check_disk(found: Findings) -> None:
     where = Path(tempfile.gettempdir())
     free = shutil.disk_usage(where).free / 1e9
     if free < MIN_FREE_DISK_GB:
-        found.fail(f"only {free:.1f} GB free for launches and checkpoints",
-                   f"free at least {MIN_FREE_DISK_GB:g} GB (or point TMPDIR at a larger disk)")
+        found.fail(_("only {free} GB free for launches and checkpoints").format(free=f"{free:.1f}"),
+                   _("free at least {need} GB (or point TMPDIR at a larger disk)").format(need=f"{MIN_FREE_DISK_GB:g}"))
     else:
-        found.ok(f"{free:.0f} GB free disk for launches and checkpoints")
+        found.ok(_("{free} GB free disk for launches and checkpoints").format(free=f"{free:.0f}"))
 
 
 def check_launch(found: Findings, cards) -> None:
@@ -216,22 +224,24 @@ def check_launch(found: Findings, cards) -> None:
     try:
         result = torchrun(BANDWIDTH_SCRIPT, nproc=NPROC, timeout=120, echo=False)
     except LaunchError as error:
-        found.fail(f"a {NPROC}-rank launch failed: {str(error).splitlines()[0]}",
-                   "read the launch's error above; FOURCARD_DEVICE=cpu rules out the GPUs")
+        found.fail(_("a {nproc}-rank launch failed: {error}").format(nproc=NPROC, error=str(error).splitlines()[0]),
+                   _("read the launch's error above; FOURCARD_DEVICE=cpu rules out the GPUs"))
         return
     seconds = time.perf_counter() - started
-    found.ok(f"a real {NPROC}-rank torchrun launch ran in {seconds:.1f} s (start-up included)")
+    found.ok(_("a real {nproc}-rank torchrun launch ran in {seconds} s (start-up included)").format(
+        nproc=NPROC, seconds=f"{seconds:.1f}"))
     report = result.reports[0]
     busbw = bus_bandwidth(report["nbytes"], report["seconds"], NPROC)
-    found.ok(f"all-reduce of {ALL_REDUCE_MB} MB on {cards.describe().split(' — ')[0]}: "
-             f"{report['seconds'] * 1e3:.2f} ms, bus bandwidth {busbw:.2f} GB/s")
+    found.ok(_("all-reduce of {mb} MB on {cards}: {ms} ms, bus bandwidth {busbw} GB/s").format(
+        mb=ALL_REDUCE_MB, cards=cards.describe().split(" — ")[0], ms=f"{report['seconds'] * 1e3:.2f}",
+        busbw=f"{busbw:.2f}"))
     for machine in PUBLISHED.values():
-        found.say(" ", f"    published, {machine.name}: {machine.busbw_gbs:g} GB/s "
-                       f"({busbw / machine.busbw_gbs:.2g}× of it here)")
+        found.say(" ", "    " + _("published, {machine}: {published} GB/s ({ratio}× of it here)").format(
+            machine=machine.name, published=f"{machine.busbw_gbs:g}", ratio=f"{busbw / machine.busbw_gbs:.2g}"))
 
 
 def main() -> int:
-    print("Four Cards pre-flight check", flush=True)
+    print(_("Four Cards pre-flight check"), flush=True)
     found = Findings()
     check_system(found)
     check_python_and_packages(found)
@@ -242,12 +252,13 @@ def main() -> int:
     if cards is not None and not found.problems:
         check_launch(found, cards)
     if found.problems:
-        print(f"NOT READY: {found.problems[0]}", flush=True)
+        print(_("NOT READY: {problem}").format(problem=found.problems[0]), flush=True)
         return 1
     if cards.kind == "cuda":
-        print(f"READY: the course will run on {cards.describe()}.", flush=True)
+        print(_("READY: the course will run on {cards}.").format(cards=cards.describe()), flush=True)
     else:
-        print(f"READY ON SIMULATED CARDS: {NPROC} CPU processes over gloo ({cards.reason}).", flush=True)
+        print(_("READY ON SIMULATED CARDS: {nproc} CPU processes over gloo ({reason}).").format(
+            nproc=NPROC, reason=cards.reason), flush=True)
     return 0
 
 

@@ -15,6 +15,7 @@ import re
 from pathlib import Path, PurePath
 from typing import Any
 
+from .language import _
 from .rundir import REPORT, RunDir
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -45,11 +46,10 @@ def _jsonable(value: Any, name: str) -> Any:
     if isinstance(value, PurePath) or type(value).__name__ in ("dtype", "device", "DType") or \
             type(value).__module__.startswith("numpy"):
         return str(value)
-    raise TypeError(
-        f"report({name}=...) got a value of type {type(value).__module__}.{type(value).__qualname__}, "
-        "which cannot travel to the notebook: report numbers, strings, lists, dicts, tensors or "
-        f"numpy values (pass str(...) if its printed form is what you want to compare)."
-    )
+    raise TypeError(_("report({name}=...) got a value of type {type}, which cannot travel to the notebook: report "
+                      "numbers, strings, lists, dicts, tensors or numpy values (pass str(...) if its printed form is "
+                      "what you want to compare).").format(
+                          name=name, type=f"{type(value).__module__}.{type(value).__qualname__}"))
 
 
 def report(**values: Any) -> None:
@@ -64,7 +64,7 @@ def report(**values: Any) -> None:
     data = {name: _jsonable(value, name) for name, value in values.items()}
     run = RunDir.from_env()
     if run is None:
-        print(f"report from rank {this_rank()}: {json.dumps(data)}", flush=True)
+        print(_("report from rank {rank}: {values}").format(rank=this_rank(), values=json.dumps(data)), flush=True)
         return
     run.append_json(REPORT, this_rank(), data)
 

@@ -42,6 +42,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from .language import _
 from .lifecycle import die_with_parent
 from .reporting import shorten_paths, this_rank
 from .rundir import CRASH, DOCTOR, DOCTOR_ENV, DONE, ERROR, LABEL_ENV, PID, STDERR, STDOUT, RunDir
@@ -50,9 +51,8 @@ from .rundir import CRASH, DOCTOR, DOCTOR_ENV, DONE, ERROR, LABEL_ENV, PID, STDE
 def _die_with_parent() -> None:
     """Ask Linux to kill this rank if torchrun dies, so a killed kernel leaves no rank behind."""
     if not die_with_parent() and sys.platform.startswith("linux") and os.environ.get("LOCAL_RANK", "0") == "0":
-        print("fourcard: this system's C library has no prctl(), so ranks cannot ask to die with "
-              "torchrun; if torchrun is killed, stop its ranks yourself (see leftover_processes()).",
-              file=sys.stderr, flush=True)
+        print(_("fourcard: this system's C library has no prctl(), so ranks cannot ask to die with torchrun; if "
+                "torchrun is killed, stop its ranks yourself (see leftover_processes())."), file=sys.stderr, flush=True)
 
 
 def _redirect_output(run: RunDir, rank: int) -> None:

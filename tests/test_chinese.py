@@ -58,8 +58,10 @@ def test_code_and_outputs_are_the_english_ones(lesson: Path) -> None:
         assert en["cell_type"] == zh["cell_type"] and en["id"] == zh["id"], f"cell {index}"
         if en["cell_type"] == "markdown":
             assert set(en) == set(zh) and en["metadata"] == zh["metadata"], f"cell {index}"
-        else:
-            assert zh == en, f"{lesson.name} cell {index}: the Chinese code cell differs from the English"
+        else:  # the first code cell also chooses Chinese for the package's messages (translate.chinese_code)
+            chosen = translate.chinese_code("".join(en["source"]))
+            assert zh == {**en, "source": chosen.splitlines(True) if chosen != "".join(en["source"]) else en["source"]}, (
+                f"{lesson.name} cell {index}: the Chinese code cell differs from the English")
     assert chinese["metadata"] == {**english["metadata"], "language": "zh-CN"}
 
 
@@ -524,3 +526,98 @@ def test_every_exercise_title_has_its_chinese_and_a_verdict_uses_it(monkeypatch:
     monkeypatch.setenv("FOURCARDS_LANG", "zh")
     check.exercise("Exercise 1: the all-reduced total", not_attempted)
     assert capsys.readouterr().out.startswith("○ 练习 1：全归约后的总和：还没有作答。")
+
+
+# -- the Chinese notebook speaks Chinese by itself ----------------------------------------------
+HALF_WIDTH_IN_CHINESE = re.compile(  # ( ) , ; : ! ? or a full stop written half-width beside Chinese text
+    r"[\u4e00-\u9fff\u3000-\u303f\uff01-\uff60][ \t]*[(),;:!?]|[\u4e00-\u9fff]\.(?!\w)|\([^()]*[\u4e00-\u9fff][^()]*\)")
+
+
+def half_width_punctuation(chinese: str) -> list[str]:
+    """Half-width punctuation where Chinese text surrounds it, as in 崩溃 (SIGSEGV)。; code spans left out."""
+    return HALF_WIDTH_IN_CHINESE.findall(re.sub(r"`[^`]*`", "`", chinese))
+
+
+@pytest.mark.parametrize("text, wrong", [
+    ("rank 2（共 4 个）在原生代码中崩溃（SIGSEGV）。", False), ("在原生代码中崩溃 (SIGSEGV)。", True),
+    ("可能的原因：缺少 sampler.set_epoch(epoch)。", False), ("可能的原因: 缺少它。", True),
+    ("请调用 `dist.barrier()`，然后再试", False), ("请先调用它, 然后再试", True), ("它没有报告.", True),
+])
+def test_the_punctuation_check_tells_half_width_from_full_width(text: str, wrong: bool) -> None:
+    assert bool(half_width_punctuation(text)) == wrong, text
+
+
+def test_the_package_speaks_with_chinese_punctuation(english_machine) -> None:
+    """Each Chinese message of the package, and one put together from pieces (a signal's name in
+    parentheses), uses full-width punctuation where Chinese text surrounds it."""
+    wrong = [f"{entry.msgid[:50]!r}: {found}" for entry in polib.pofile(str(translate.PACKAGE_CATALOG))
+             if entry.msgstr and not entry.obsolete and (found := half_width_punctuation(entry.msgstr))]
+    assert not wrong, "\n".join(wrong)
+    from fourcard_helpers import diagnose
+
+    english_machine().choose("zh")
+    crashed = diagnose._crashed(2, 4, "", "SIGSEGV", "")
+    assert crashed.startswith("rank 2（共 4 个）在原生代码中崩溃（SIGSEGV）。"), crashed
+
+
+def test_each_chinese_lesson_chooses_chinese_where_the_learner_sees_it() -> None:
+    for lesson in LESSONS:
+        notebook = json.loads((translate.CHINESE_NOTEBOOKS / lesson.name).read_text(encoding="utf-8"))
+        first = "".join(next(cell for cell in notebook["cells"] if cell["cell_type"] == "code")["source"])
+        assert first.startswith(translate.LOAD_EXTENSION + translate.SPEAK_CHINESE), lesson.name
+    assert "%fourcards_lang en" in translate.SPEAK_CHINESE and "FOURCARDS_LANG" in translate.SPEAK_CHINESE
+
+
+@pytest.fixture
+def english_machine(monkeypatch: pytest.MonkeyPatch):
+    """Call it to be on a machine whose locale is English, with no setting; it gives the package's
+    language module, and the notebook's choice is undone after the test. Called by the test, not
+    done by the fixture: conftest.py puts the setting back after a test's setup."""
+    from fourcard_helpers import language
+
+    def start():
+        for name in ("FOURCARDS_LANG", "LC_ALL", "LC_MESSAGES"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("LANGUAGE", "en")
+        monkeypatch.setenv("LANG", "en_US.UTF-8")
+        return language
+
+    yield start
+    language.choose(None)
+
+
+def test_the_first_cell_of_a_chinese_lesson_makes_the_kernel_speak_chinese(
+        english_machine, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The Chinese lesson's own first lines, run by IPython as a kernel runs them (no JupyterLab, no
+    locale, no setting): verdicts, the launcher's banner pieces and the ranks' environment follow."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from fourcard_helpers import check, launch
+
+    english_machine()
+    shell = InteractiveShell.instance()
+    try:
+        shell.run_cell(translate.LOAD_EXTENSION + translate.SPEAK_CHINESE, store_history=False).raise_error()
+        check.exercise("Exercise 1: the all-reduced total", lambda: (_ for _ in ()).throw(NotImplementedError))
+        assert capsys.readouterr().out == "○ 练习 1：全归约后的总和：还没有作答。请在上面写下你的答案，再运行一次这个单元格。\n"
+        cards = launch.detect(2)
+        assert launch.rank_environment(cards, Path("run"), "cell.py", None)["FOURCARDS_LANG"] == "zh"
+        assert "张模拟卡（CPU 进程，gloo）" in cards.describe()
+        monkeypatch.setenv("FOURCARDS_LANG", "en")  # the setting still wins over the notebook
+        check.exercise("Exercise 1: the all-reduced total", lambda: (_ for _ in ()).throw(NotImplementedError))
+        assert capsys.readouterr().out.startswith("○ Exercise 1: the all-reduced total: not attempted yet.")
+        assert launch.rank_environment(cards, Path("run"), "cell.py", None)["FOURCARDS_LANG"] == "en"
+        shell.run_cell("%fourcards_lang", store_history=False).raise_error()
+        assert capsys.readouterr().out == "Messages follow the setting FOURCARDS_LANG=en.\n"
+    finally:
+        InteractiveShell.clear_instance()
+
+
+def test_without_the_line_the_kernel_speaks_as_before(english_machine) -> None:
+    """An English lesson has no such line: English on an English machine, and the ranks get no setting."""
+    from fourcard_helpers import launch
+
+    english_machine()
+    cards = launch.detect(2)
+    assert "FOURCARDS_LANG" not in launch.rank_environment(cards, Path("run"), "cell.py", None)
+    assert cards.describe().startswith("2 simulated cards (CPU processes, gloo)")

@@ -15,7 +15,7 @@ HOW TO ADD ONE (one module in this folder; nothing to register):
 1. `fourcard_helpers/exercises/my_thing.py` defines
        NAME = "my-thing"                  # the CLI name, kebab-case
        LESSON = "06"
-       TITLE = "a one-line description"
+       TITLE = N_("a one-line description")
        DEFINES = ("MyThing",)             # what the learner's file must define
        def check(path: Path, nproc: int = 4) -> str:
            harness.skeleton(path, DEFINES)                 # NotImplementedError while it is the skeleton
@@ -102,7 +102,7 @@ def solution_file() -> Path:
     while frame is not None and not frame.f_code.co_filename.startswith("<solution-"):
         frame = frame.f_back
     if frame is None:
-        raise RuntimeError("solution_file() is called from the check line of a %%solution cell")
+        raise RuntimeError(_("solution_file() is called from the check line of a %%solution cell"))
     import linecache
     text = "".join(linecache.getlines(frame.f_code.co_filename))
     tree = ast.parse(text)
@@ -123,7 +123,7 @@ def main(argv: Sequence[str]) -> int:
     words = list(argv)
     if words == ["--list"]:
         for name, module in catalog().items():
-            print(f"{name}\t{_('lesson')} {module.LESSON}\t{module.TITLE}\t{_('defines')}: {', '.join(module.DEFINES)}")
+            print(f"{name}\t{_('lesson')} {module.LESSON}\t{_(module.TITLE)}\t{_('defines')}: {', '.join(module.DEFINES)}")
         return 0
     nproc = 4
     if len(words) == 4 and words[2] == "--nproc" and words[3].isdigit() and int(words[3]) > 1:

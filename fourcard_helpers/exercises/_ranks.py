@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from fourcard_helpers import detect, report
+from fourcard_helpers.language import _
 
 COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
                "reduce_scatter_tensor", "reduce", "all_to_all", "all_to_all_single", "send", "recv",
@@ -94,7 +95,7 @@ def _recorded(name: str, real: Any) -> Any:
 def load(path: str) -> ModuleType:
     """The learner's file, imported as a module of its own (its top-level code runs once per rank)."""
     spec = importlib.util.spec_from_file_location("learner_solution", path)
-    assert spec is not None and spec.loader is not None, f"cannot import {path}"
+    assert spec is not None and spec.loader is not None, _("cannot import {path}").format(path=path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)

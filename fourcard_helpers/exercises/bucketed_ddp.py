@@ -14,11 +14,11 @@ from pathlib import Path
 
 from fourcard_helpers.check import CheckFailed
 from fourcard_helpers.exercises import _ddp, harness
-from fourcard_helpers.language import _
+from fourcard_helpers.language import N_, _
 
 NAME = "bucketed-ddp"
 LESSON = "05"
-TITLE = "DDP by hand with buckets: one all-reduce per bucket of bucket_mb, launched when its last gradient is ready"
+TITLE = N_("DDP by hand with buckets: one all-reduce per bucket of bucket_mb, launched when its last gradient is ready")
 DEFINES = ("BucketedDDP",)
 STEPS = 2
 BUCKET_MB = 0.001  # 1049 bytes: 131 float64 numbers, so the small model makes two buckets

@@ -16,11 +16,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fourcard_helpers.language import _
+from fourcard_helpers.language import N_, _
 
 NAME = "expert-dispatch"
 LESSON = "14"
-TITLE = "Expert parallel by hand: the counts, the tokens and the way back, by all-to-alls"
+TITLE = N_("Expert parallel by hand: the counts, the tokens and the way back, by all-to-alls")
 DEFINES = ("expert_dispatch",)
 WIDTH, EXPERTS, TOKENS = 16, 8, 64   # the layer's width and experts, and each rank's tokens
 LIMIT_SECONDS = 10.0                 # the learner's collectives' time limit (a working layer takes milliseconds)

@@ -20,11 +20,11 @@ from typing import Any
 
 from fourcard_helpers.check import CheckFailed
 from fourcard_helpers.exercises import harness
-from fourcard_helpers.language import _
+from fourcard_helpers.language import N_, _
 
 NAME = "hand-fsdp"
 LESSON = "09"
-TITLE = "FSDP by hand: each weight a padded 1/N shard, gathered for forward and again for backward, freed after"
+TITLE = N_("FSDP by hand: each weight a padded 1/N shard, gathered for forward and again for backward, freed after")
 DEFINES = ("HandFSDP",)
 STEPS = 3
 EXACT = 1e-12  # float64 rounding of sums taken in another order

@@ -121,8 +121,8 @@ def skipped_collective(traces: dict[int, list[dict[str, Any]]]) -> str | None:
                               present=present, phase=call["phase"])
         shapes = {(c[k]["op"], c[k]["numel"]) for c in calls.values()}
         if len(shapes) > 1:
-            described = "; ".join(f"rank {rank}: {c[k]['op']} of {c[k]['numel']} elements during {c[k]['phase']}"
-                                  for rank, c in calls.items())
+            described = "; ".join(_("rank {rank}: {op} of {numel} elements during {phase}").format(
+                rank=rank, op=c[k]["op"], numel=c[k]["numel"], phase=c[k]["phase"]) for rank, c in calls.items())
             return _("the ranks' collective number {number} differs between ranks ({described}): a rank skipped "
                      "or added a collective before it. Every rank must call the same collectives in the same "
                      "order.").format(number=k + 1, described=described)

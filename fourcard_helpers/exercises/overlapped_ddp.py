@@ -16,11 +16,11 @@ from pathlib import Path
 
 from fourcard_helpers.check import CheckFailed
 from fourcard_helpers.exercises import _ddp, harness
-from fourcard_helpers.language import _
+from fourcard_helpers.language import N_, _
 
 NAME = "overlapped-ddp"
 LESSON = "05"
-TITLE = "DDP by hand: each gradient's all-reduce starts during backward; no_sync() for accumulation"
+TITLE = N_("DDP by hand: each gradient's all-reduce starts during backward; no_sync() for accumulation")
 DEFINES = ("OverlappedDDP",)
 STEPS = 3  # the last one accumulates two micro-batches
 

@@ -18,11 +18,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fourcard_helpers.language import _
+from fourcard_helpers.language import N_, _
 
 NAME = "one-f-one-b"
 LESSON = "07"
-TITLE = "The 1F1B pipeline schedule with send/recv"
+TITLE = N_("The 1F1B pipeline schedule with send/recv")
 DEFINES = ("one_f_one_b",)
 WIDTH, ROWS = 6, 2        # every stage is Linear(WIDTH, WIDTH) + tanh; ROWS rows per micro-batch
 LIMIT_SECONDS = 10.0      # how long a step may wait before the check names the wait (a working one takes milliseconds)

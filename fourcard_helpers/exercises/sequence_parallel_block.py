@@ -19,11 +19,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fourcard_helpers.language import _
+from fourcard_helpers.language import N_, _
 
 NAME = "sequence-parallel-block"
 LESSON = "13"
-TITLE = "The tensor + sequence parallel plan of a GPT block, for parallelize_module"
+TITLE = N_("The tensor + sequence parallel plan of a GPT block, for parallelize_module")
 DEFINES = ("block_plan",)
 VOCAB, CONTEXT, LAYERS, HEADS, WIDTH, BATCH = 24, 8, 2, 4, 16, 2   # 2 and 4 ranks divide the heads and the sequence
 ULPS = 64  # float64: the same sums in another order differ by a few units in the last place of the largest value

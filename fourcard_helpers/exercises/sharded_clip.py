@@ -25,11 +25,11 @@ from typing import Any
 
 from fourcard_helpers.check import CheckFailed
 from fourcard_helpers.exercises import harness
-from fourcard_helpers.language import _
+from fourcard_helpers.language import N_, _
 
 NAME = "sharded-clip"
 LESSON = "10"
-TITLE = "Clipping sharded gradients: the whole gradient's norm from one all-reduced number per rank"
+TITLE = N_("Clipping sharded gradients: the whole gradient's norm from one all-reduced number per rank")
 DEFINES = ("clip_sharded_grad_norm_",)
 MAX_NORMS = (0.1, 10.0)  # the gradients' norm is 0.34: the first clips, the second must change nothing
 UNIT = 2.0 ** -53  # float64's unit roundoff

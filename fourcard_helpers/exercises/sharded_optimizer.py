@@ -16,11 +16,11 @@ from pathlib import Path
 
 from fourcard_helpers.check import CheckFailed
 from fourcard_helpers.exercises import harness
-from fourcard_helpers.language import _
+from fourcard_helpers.language import N_, _
 
 NAME = "sharded-optimizer"
 LESSON = "09"
-TITLE = "ZeRO-1: a torch.optim.Optimizer whose state each rank keeps for its share of the parameters only"
+TITLE = N_("ZeRO-1: a torch.optim.Optimizer whose state each rank keeps for its share of the parameters only")
 DEFINES = ("ShardedOptimizer",)
 STEPS = 3
 EXACT = 1e-12  # float64: the same element-wise arithmetic, so in practice 0

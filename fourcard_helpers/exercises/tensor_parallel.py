@@ -17,11 +17,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fourcard_helpers.language import _
+from fourcard_helpers.language import N_, _
 
 NAME = "tensor-parallel-mlp"
 LESSON = "08"
-TITLE = "Column- and row-parallel layers with f and g as autograd functions"
+TITLE = N_("Column- and row-parallel layers with f and g as autograd functions")
 DEFINES = ("CopyToShards", "ReduceFromShards", "ColumnParallelLinear", "RowParallelLinear")
 BATCH, D, HIDDEN = 5, 12, 16  # the MLP d → hidden → d; 2 and 4 ranks divide hidden
 ROUNDINGS = BATCH + D + HIDDEN + 4  # float64's bound: this many roundings, each eps/2 of the largest value, twice
@@ -106,7 +106,7 @@ def _diagnose(reports: list[dict[str, Any]], calls: dict[int, list[tuple[str, st
             raise CheckFailed(_("the numbers are right, but rank {rank} called {made} where the Megatron MLP needs "
                                 "one all_reduce of the {batch} × {d} output forward and one of its gradient backward, "
                                 "nothing gathered in between.").format(
-                                    rank=rank, made=", ".join(f"{op} ({phase}, {n} numbers)" for phase, op, n in made),
+                                    rank=rank, made=", ".join(_("{op} ({phase}, {n} numbers)").format(op=op, phase=phase, n=n) for phase, op, n in made),
                                     batch=BATCH, d=D))
     return _("the output and the gradients of x, fc1 and fc2 (the weights' gathered from the {world} ranks' shards) "
              "equal the dense MLP's in float64 within its rounding ({roundings} roundings of eps/2 of the largest "
