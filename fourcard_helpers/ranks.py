@@ -49,6 +49,7 @@ from typing import Any, Callable
 from IPython.core.magic import Magics, line_cell_magic, magics_class, needs_local_scope
 
 from .cards import Cards, detect
+from .language import _
 from .launch import rank_environment
 from .lifecycle import KernelPipe, alive, marked_processes, stop
 from .reporting import shorten_paths
@@ -147,16 +148,15 @@ def _execute(source: str, label: str) -> dict[str, Any]:
         value = eval(compile(ast.Expression(last.value), label, "eval"), namespace) if last else None
     except BaseException as error:  # noqa: BLE001 - every failure must reach the notebook
         return _failure(error, skip=1)
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
+    # No flush here: the engine flushes stdout and stderr before it sends the reply
+    # (ipyparallel's apply_request), and a second flush costs each rank a wait for its I/O thread.
     return {"value": _portable(value)}
 
 
 def _fetch(name: str) -> dict[str, Any]:
     namespace = _namespace()
     if name not in namespace:
-        return {"error": "NameError", "message": f"name {name!r} is not defined on this rank",
+        return {"error": "NameError", "message": _("name {name} is not defined on this rank").format(name=repr(name)),
                 "time": time.time(), "traceback": ""}
     return {"value": _portable(namespace[name])}
 
@@ -173,6 +173,11 @@ class RankSession:
     Use as a context manager (`with RankSession(4) as ranks: ranks.run("...")`) or call
     `close()`. Every rank starts with the names os, torch, dist, cards, rank, world and device,
     and the process group formed. `timeout` (seconds) bounds each `run`, `pull` and `push`.
+
+    A cell costs one ipyparallel round trip and no more: it is sent to every rank through one view,
+    and while ranks are answering the notebook only collects replies, looking at the processes (is
+    every rank still there?) once per POLL_SECONDS that passes. benchmarks/warm_session.py measures
+    a cell beside ipyparallel's own round trip of the same all-reduce.
     """
 
     def __init__(self, nproc: int = 4, timeout: float = 60.0, start_timeout: float = 300.0,
@@ -187,7 +192,7 @@ class RankSession:
         self.torchrun_proc: subprocess.Popen[bytes] | None = None
         self.pipe = KernelPipe()  # the controller and torchrun stop when the kernel dies (lifecycle.py)
         self.client: Any = None
-        self.views: dict[int, Any] = {}  # rank -> the ipyparallel view of its engine
+        self.every_rank: Any = None  # one ipyparallel view of every rank's engine, in rank order
         self.pids: dict[int, int] = {}
         self.lost: str | None = None  # why the session ended on its own, once it has
         self.cells = 0  # cells run so far: names each cell's source on the ranks
@@ -208,8 +213,9 @@ class RankSession:
         self.close()
 
     def __repr__(self) -> str:
-        state = "stopped" if self.closed else (f"lost: {self.lost}" if self.lost else "running")
-        return f"<RankSession: {self.nproc} ranks on {self.cards.kind}, {state}>"
+        state = _("stopped") if self.closed else (_("lost: {why}").format(why=self.lost) if self.lost else _("running"))
+        return _("<RankSession: {nproc} ranks on {kind}, {state}>").format(nproc=self.nproc, kind=self.cards.kind,
+                                                                          state=state)
 
     # -- starting ----------------------------------------------------------------------------
     def _spawn(self, command: list[str], log: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -226,13 +232,15 @@ class RankSession:
                                {SESSION_ENV: self.session_id, "IPYTHONDIR": str(self.run_dir / "ipython")})
         self.controller = self._spawn(
             [sys.executable, "-m", "fourcard_helpers.rank_processes", "controller", f"--profile-dir={profile}",
-             f"--cluster-id={self.session_id}", "--ip=127.0.0.1", "--usethreads", "--log-level=WARN"],
+             f"--cluster-id={self.session_id}", "--ip=127.0.0.1", "--usethreads", "--nodb", "--log-level=WARN"],
             "controller.log", env)  # on SIGTERM or the kernel's death it kills its process group (rank_processes.py)
+        # --nodb: the controller keeps no record of each task (the session reads results from the
+        # replies alone), which is work on every cell and memory that grows with them.
         security = profile / "security"
         engine_file = security / f"ipcontroller-{self.session_id}-engine.json"
         client_file = security / f"ipcontroller-{self.session_id}-client.json"
         self._wait_for(lambda: engine_file.exists() and client_file.exists(), started + start_timeout,
-                       "the ipyparallel controller did not start")
+                       _("the ipyparallel controller did not start"))
         self.torchrun_proc = self._spawn(
             [sys.executable, "-m", "fourcard_helpers.agent", "--nnodes=1", f"--nproc-per-node={self.nproc}",
              "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", f"--rdzv-id={self.session_id}",
@@ -243,14 +251,19 @@ class RankSession:
         self.pipe.started()
         self.client = ipyparallel.Client(str(client_file), profile_dir=str(profile))
         self._wait_for(lambda: len(self.client.ids) >= self.nproc, started + start_timeout,
-                       f"{self.nproc} ranks did not all register")
+                       _("{nproc} ranks did not all register").format(nproc=self.nproc))
+        engines: dict[int, int] = {}  # rank -> its engine's id (ipyparallel numbers engines as they register)
         for engine in self.client.ids:
             rank, pid = self.client[engine].apply_sync(_identity)
-            self.views[rank], self.pids[rank] = self.client[engine], pid
+            engines[rank], self.pids[rank] = engine, pid
+        # One view of all the engines: a cell is serialised once and sent to each, where a view per
+        # engine would serialise it once per rank (a few ms a cell on a small machine).
+        self.every_rank = self.client[[engines[rank] for rank in range(self.nproc)]]
         self.run(SETUP, echo=False)
         if self.echo:
-            print(f"ranks: {self.nproc} ranks on {self.cards.describe()}, started by torchrun in "
-                  f"{time.monotonic() - started:.1f} s; each rank has {SETUP_NAMES} and the process group",
+            print(_("ranks: {nproc} ranks on {cards}, started by torchrun in {seconds} s; each rank has {names} "
+                    "and the process group").format(nproc=self.nproc, cards=self.cards.describe(),
+                                                    seconds=f"{time.monotonic() - started:.1f}", names=SETUP_NAMES),
                   flush=True)
 
     def _wait_for(self, condition: Callable[[], bool], deadline: float, what: str) -> None:
@@ -258,8 +271,9 @@ class RankSession:
             problem = self._problem()
             if problem or time.monotonic() > deadline:
                 tail = self._log_tail()
-                raise RankSessionError(f"{what}: {problem or 'it ran past the start timeout'}."
-                                       + (f"\nThe processes' last output:\n{tail}" if tail else ""))
+                raise RankSessionError(_("{what}: {problem}.").format(
+                    what=what, problem=problem or _("it ran past the start timeout"))
+                    + (_("\nThe processes' last output:\n{tail}").format(tail=tail) if tail else ""))
             time.sleep(POLL_SECONDS)
 
     def _log_tail(self, lines: int = 15) -> str:
@@ -275,11 +289,11 @@ class RankSession:
     def _problem(self) -> str | None:
         """Why the session cannot run cells any more, or None while every process is there."""
         if self.closed:
-            return "the session was stopped"
+            return _("the session was stopped")
         if self.lost:
             return self.lost
         if self.controller and self.controller.poll() is not None:
-            self.lost = "the ipyparallel controller exited"
+            self.lost = _("the ipyparallel controller exited")
         gone = sorted(rank for rank, pid in self.pids.items() if not alive(pid))
         if self.torchrun_proc and self.torchrun_proc.poll() is not None or gone:
             # One rank gone while the others live is the one that died. Several gone at once:
@@ -293,12 +307,16 @@ class RankSession:
                     pass
             blamed = self._root_cause()
             if blamed is not None:
-                self.lost = f"rank {blamed[0]} of {self.nproc} was lost (exit code {blamed[1]})"
+                self.lost = _("rank {rank} of {nproc} was lost (exit code {code})").format(
+                    rank=blamed[0], nproc=self.nproc, code=blamed[1])
+            elif len(gone) == 1:
+                self.lost = _("rank {rank} of {nproc} was lost: the process ended").format(
+                    rank=gone[0], nproc=self.nproc)
             elif gone:
-                names = f"rank {gone[0]}" if len(gone) == 1 else f"ranks {gone}"
-                self.lost = f"{names} of {self.nproc} {'was' if len(gone) == 1 else 'were'} lost: the process ended"
+                self.lost = _("ranks {ranks} of {nproc} were lost: the processes ended").format(
+                    ranks=gone, nproc=self.nproc)
             else:
-                self.lost = "torchrun exited"
+                self.lost = _("torchrun exited")
         return self.lost
 
     def _root_cause(self) -> tuple[int, int] | None:
@@ -313,8 +331,8 @@ class RankSession:
         if problem:
             if not self.closed:
                 self.close()
-            raise RankSessionError(f"The warm session has ended: {problem}. Start a new one with "
-                                   f"`%ranks start` (or a new RankSession).")
+            raise RankSessionError(_("The warm session has ended: {problem}. Start a new one with "
+                                     "`%ranks start` (or a new RankSession).").format(problem=problem))
 
     # -- running -----------------------------------------------------------------------------
     def _on_every_rank(self, function: Callable[..., dict[str, Any]], *args: Any, timeout: float | None = None,
@@ -323,14 +341,15 @@ class RankSession:
         __tracebackhide__ = True  # noqa: F841
         self._require_alive()
         timeout = self.timeout if timeout is None else timeout
-        started = time.monotonic()
-        pending = {self.views[rank].apply_async(function, *args, **(kwargs or {})): rank for rank in range(self.nproc)}
+        started = looked = time.monotonic()
+        sent = self.every_rank.apply_async(function, *args, **(kwargs or {}))
+        pending = dict(zip(sent.split(), range(self.nproc)))  # one result per rank, in rank order
         done: dict[int, Any] = {}
         first_error: float | None = None
         try:
             while pending:
-                finished, _ = concurrent.futures.wait(list(pending), timeout=POLL_SECONDS,
-                                                      return_when=concurrent.futures.FIRST_COMPLETED)
+                finished = concurrent.futures.wait(list(pending), timeout=POLL_SECONDS,
+                                                   return_when=concurrent.futures.FIRST_COMPLETED).done
                 for future in finished:
                     done[pending.pop(future)] = future
                 if not pending:
@@ -338,6 +357,9 @@ class RankSession:
                 now = time.monotonic()
                 if first_error is None and any(self._outcome(f).get("error") for f in done.values()):
                     first_error = now
+                if finished and now - looked < POLL_SECONDS:
+                    continue  # ranks are answering: look at the processes again once POLL_SECONDS have passed
+                looked = now
                 problem = self._problem()
                 if problem or now - started > timeout or (first_error and now - first_error > FAIL_FAST_SECONDS):
                     waiting = sorted(pending.values())
@@ -346,17 +368,18 @@ class RankSession:
                     raise self._stuck(done, waiting, problem, timeout)
         except KeyboardInterrupt:
             self.close()
-            print(f"ranks: interrupted; the session's {self.nproc} ranks were stopped. "
-                  "Start a new one with `%ranks start`.", file=sys.stderr, flush=True)
+            print(_("ranks: interrupted; the session's {nproc} ranks were stopped. "
+                    "Start a new one with `%ranks start`.").format(nproc=self.nproc), file=sys.stderr, flush=True)
             raise
         self._show(done, echo)
         outcomes = {rank: self._outcome(future) for rank, future in done.items()}
         failed = [(outcome["time"], rank) for rank, outcome in outcomes.items() if outcome.get("error")]
         if failed:
             rank = min(failed)[1]
-            others = sorted(r for _, r in failed if r != rank)
+            others = sorted(other for _when, other in failed if other != rank)
             raise RankSessionError(self._describe(rank, outcomes[rank]) + (
-                f"\nRanks {others} raised too." if others else "") + "\nThe session is still running.", rank)
+                _("\nRanks {ranks} raised too.").format(ranks=others) if others else "")
+                + _("\nThe session is still running."), rank)
         return [outcomes[rank]["value"] for rank in range(self.nproc)]
 
     @staticmethod
@@ -367,25 +390,29 @@ class RankSession:
             return {"error": type(error).__name__, "message": str(error), "time": time.time(), "traceback": ""}
 
     def _describe(self, rank: int, outcome: dict[str, Any]) -> str:
-        return (f"rank {rank} of {self.nproc} raised {outcome['error']}: {outcome['message']}"
-                + (f"\n\n{outcome['traceback']}" if outcome["traceback"] else ""))
+        return (_("rank {rank} of {nproc} raised {error}: {message}").format(
+            rank=rank, nproc=self.nproc, error=outcome["error"], message=outcome["message"])
+                + ("\n\n" + outcome["traceback"] if outcome["traceback"] else ""))
 
     def _stuck(self, done: dict[int, Any], waiting: list[int], problem: str | None,
                timeout: float) -> RankSessionError:
         failed = sorted((o["time"], rank, o) for rank, f in done.items() if (o := self._outcome(f)).get("error"))
         if problem:
-            head, blamed = f"The warm session ended during the cell: {problem}.", None
+            head, blamed = _("The warm session ended during the cell: {problem}.").format(problem=problem), None
         elif failed:
-            _, blamed, outcome = failed[0]
-            head = (self._describe(blamed, outcome) + f"\n\nRank(s) {waiting} were still waiting, most likely in "
-                    f"a collective that rank {blamed} never reached.")
+            blamed, outcome = failed[0][1:]
+            head = self._describe(blamed, outcome) + _(
+                "\n\nRank(s) {waiting} were still waiting, most likely in a collective that rank {rank} never "
+                "reached.").format(waiting=waiting, rank=blamed)
         else:
-            head, blamed = (f"The cell ran past its timeout of {timeout:g} s; rank(s) {waiting} were still "
-                            f"waiting (rank(s) {sorted(done)} had finished). A rank that waits forever usually "
-                            "sits in a collective (all_reduce, barrier, ...) that another rank never called; "
-                            "if the work is just slow, pass a larger --timeout."), (waiting[0] if waiting else None)
-        return RankSessionError(head + "\nA rank stuck in a collective cannot be freed, so all ranks were "
-                                "stopped. Start a new session with `%ranks start`.", blamed)
+            head, blamed = _(
+                "The cell ran past its timeout of {timeout} s; rank(s) {waiting} were still waiting (rank(s) "
+                "{finished} had finished). A rank that waits forever usually sits in a collective (all_reduce, "
+                "barrier, ...) that another rank never called; if the work is just slow, pass a larger "
+                "--timeout.").format(timeout=f"{timeout:g}", waiting=waiting, finished=sorted(done)), (
+                waiting[0] if waiting else None)
+        return RankSessionError(head + _("\nA rank stuck in a collective cannot be freed, so all ranks were "
+                                         "stopped. Start a new session with `%ranks start`."), blamed)
 
     def _show(self, done: dict[int, Any], echo: bool) -> None:
         """Each rank's printed output, grouped and in rank order, prefixed like %%torchrun's; then
@@ -500,16 +527,16 @@ class RanksMagics(Magics):
             scope = {**self.shell.user_ns, **(local_ns or {})}
             missing = [name for name in words[1:] if name not in scope]
             if missing:
-                raise RankSessionError(f"%ranks push: {missing} not defined in the notebook")
+                raise RankSessionError(_("%ranks push: {names} not defined in the notebook").format(names=missing))
             self._running().push(**{name: scope[name] for name in words[1:]})
             return None
-        raise RankSessionError("usage: %ranks start [-n 4] [--timeout S] | %ranks pull NAME | %ranks push NAME... | "
-                               "%ranks reports | %ranks stop, and %%ranks [--timeout S] for a cell that runs on "
-                               "every rank.")
+        raise RankSessionError(_("usage: %ranks start [-n 4] [--timeout S] | %ranks pull NAME | %ranks push "
+                                 "NAME... | %ranks reports | %ranks stop, and %%ranks [--timeout S] for a cell "
+                                 "that runs on every rank."))
 
     def _running(self) -> RankSession:
         if RanksMagics.session is None:
-            raise RankSessionError("No warm session is running: start one with `%ranks start -n 4`.")
+            raise RankSessionError(_("No warm session is running: start one with `%ranks start -n 4`."))
         return RanksMagics.session
 
     def stop(self, quiet: bool = False) -> None:
@@ -518,13 +545,13 @@ class RanksMagics(Magics):
             session.close()
             left = session.processes()
             if left:
-                raise RankSessionError(f"processes {left} of the session outlived it; stop them with "
-                                       "`kill -9` and report this as a bug in the course.")
+                raise RankSessionError(_("processes {pids} of the session outlived it; stop them with "
+                                         "`kill -9` and report this as a bug in the course.").format(pids=left))
             if not quiet:
-                print(f"ranks: session stopped; none of its {session.nproc} ranks, its torchrun or "
-                      "its controller is running", flush=True)
+                print(_("ranks: session stopped; none of its {nproc} ranks, its torchrun or its controller is "
+                        "running").format(nproc=session.nproc), flush=True)
         elif not quiet:
-            print("ranks: no session was running", flush=True)
+            print(_("ranks: no session was running"), flush=True)
 
 
 def _option(words: list[str], name: str, kind: Callable[[str], Any], default: Any) -> Any:
@@ -532,5 +559,5 @@ def _option(words: list[str], name: str, kind: Callable[[str], Any], default: An
         return default
     at = words.index(name)
     if at + 1 >= len(words):
-        raise RankSessionError(f"{name} needs a value")
+        raise RankSessionError(_("{option} needs a value").format(option=name))
     return kind(words[at + 1])
