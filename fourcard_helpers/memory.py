@@ -4,10 +4,14 @@ from __future__ import annotations
 import gc
 import os
 import sys
-from collections.abc import Iterator
+import weakref
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from functools import partial
 
 import torch
+import torch.utils._pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 @contextmanager
@@ -84,3 +88,57 @@ class PeakMemory:
                 self._peaks[self._labels[event.name()]] = highest
             self._profiler = None
         return dict(self._peaks)
+
+
+
+class LiveTensorBytes(TorchDispatchMode):
+    """`with LiveTensorBytes() as live: ...`, then `live.peak`: the most bytes of tensor storages alive at once, counted
+    at the dispatcher, which every tensor an operation makes passes through.
+
+    Why not the allocator: a CPU keeps no peak of its own, and its allocation record (PeakMemory's route) holds each
+    kernel's scratch buffers too, whose sizes depend on the CPU's instruction set and on oneDNN's choices, so a
+    stored output would differ from machine to machine. Here only the tensors that operations return count, each
+    storage once (a view or an in-place result adds nothing), from the operation that made it until its last
+    reference goes: what autograd keeps for backward counts as long as autograd keeps it. Storages made before the
+    mode was entered count only once passed to `track` (the parameters, say). FSDP2 frees and refills its gathered
+    weights by resizing their storage in place, which no operation reports, so every storage's size is read again
+    after each operation. Operations on tensor subclasses (DTensor) are left to the subclass (NotImplemented): the
+    plain operations it runs come here. Left out: the allocator's rounding and caching, and what a library holds
+    outside tensors (gloo's buffers)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._storages: dict[int, tuple[weakref.ref, int]] = {}  # id(storage): (a weak reference, its bytes last read)
+        self.current = self.peak = 0
+
+    def track(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Count tensors made before the mode was entered (parameters, optimizer state) for as long as they live."""
+        for tensor in tensors:
+            self._see(tensor)
+        self.peak = max(self.peak, self.current)
+
+    def _see(self, tensor: torch.Tensor) -> None:
+        if type(tensor) not in (torch.Tensor, torch.nn.Parameter) or tensor.layout != torch.strided:
+            return  # a subclass's own storage is its local tensor's, seen when that was made
+        storage = tensor.untyped_storage()  # PyTorch keeps one Python object per storage while the storage lives
+        if id(storage) not in self._storages:
+            self._storages[id(storage)] = (weakref.ref(storage, partial(self._freed, id(storage))), storage.nbytes())
+            self.current += storage.nbytes()
+
+    def _freed(self, key: int, _: weakref.ref) -> None:
+        self.current -= self._storages.pop(key)[1]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if any(t not in (torch.Tensor, torch.nn.Parameter) for t in types):
+            return NotImplemented  # a subclass (DTensor) first: the plain operations it runs come back here
+        out = func(*args, **(kwargs or {}))
+        for key, (ref, nbytes) in list(self._storages.items()):  # resized in place since last read (FSDP2)
+            storage = ref()
+            if storage is not None and storage.nbytes() != nbytes:
+                self._storages[key] = (ref, storage.nbytes())
+                self.current += storage.nbytes() - nbytes
+        for tensor in pytree.tree_leaves(out):
+            if isinstance(tensor, torch.Tensor):
+                self._see(tensor)
+        self.peak = max(self.peak, self.current)
+        return out

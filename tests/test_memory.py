@@ -38,3 +38,50 @@ def test_the_profilers_log_lines_stay_out_of_the_output(capfd) -> None:
         torch.empty(16)
     meter.peaks()
     assert "profiler_st" not in capfd.readouterr().err
+
+
+def test_live_bytes_count_what_autograd_keeps_and_what_backward_frees() -> None:
+    """LiveTensorBytes against autograd's own list of what it keeps: after forward, the bytes alive beyond the
+    parameters and the input are exactly the saved activations (each storage once) and the loss; after backward,
+    exactly the gradients and the loss. A tool that missed a saved activation, counted a view twice or missed a
+    free would fail one of the two."""
+    from fourcard_helpers.memory import LiveTensorBytes
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64), torch.nn.LayerNorm(64))
+    x = torch.randn(32, 64)
+    held = {p.untyped_storage().data_ptr() for p in model.parameters()} | {x.untyped_storage().data_ptr()}
+    saved: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.untyped_storage().data_ptr() not in held:
+            saved[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+        return tensor
+
+    with LiveTensorBytes() as live:
+        live.track([*model.parameters(), x])
+        start = live.current
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            loss = model(x).transpose(0, 1).square().mean()   # a view on the way: it holds no bytes of its own
+        after_forward = live.current
+        loss.backward()
+        after_backward = live.current
+    assert len(saved) >= 5 and after_forward - start == sum(saved.values()) + loss.untyped_storage().nbytes()
+    assert after_backward - start == sum(p.grad.nbytes for p in model.parameters()) + loss.untyped_storage().nbytes()
+    assert live.peak >= after_forward
+
+
+def test_live_bytes_follow_a_storage_resized_in_place() -> None:
+    """FSDP2 frees a gathered weight by resizing its storage to nothing and refills it the same way: the next
+    operation's count must show both."""
+    from fourcard_helpers.memory import LiveTensorBytes
+
+    with LiveTensorBytes() as live:
+        weight = torch.ones(MiB)                 # 4 MiB
+        weight.untyped_storage().resize_(0)
+        torch.zeros(1)                           # any operation: the sizes are read again
+        freed = live.current
+        weight.untyped_storage().resize_(4 * MiB)
+        torch.zeros(1)
+        refilled = live.current
+    assert (freed, refilled, live.peak) == (0, 4 * MiB, 4 * MiB + 4)   # the one-number results are dropped at once
