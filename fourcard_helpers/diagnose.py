@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from .language import N_, _
+from .language import N_, _, sentences
 from .reporting import shorten_paths
 from .rundir import CRASH, DONE, ERROR, EXIT, RunDir, rank_prefix
 
@@ -130,8 +130,9 @@ def _crashed(rank: int, nproc: int, stack: str, signal_name: str | None, tail: s
     stack = "".join(  # the script's frames; not the worker's nor the module list
         line for line in stack.splitlines(True)
         if not re.search(r"fourcard_helpers.worker|<frozen runpy>|^Extension modules", line))
-    return (_("rank {rank} of {nproc} crashed in native code{signal}.").format(rank=rank, nproc=nproc, signal=name)
-            + f" {signal_hint(signal_name)}\n" + last_output(tail) + shorten_paths(stack).strip() + "\n" + _followed(rank))
+    return (sentences(_("rank {rank} of {nproc} crashed in native code{signal}.").format(
+                rank=rank, nproc=nproc, signal=name), signal_hint(signal_name))
+            + "\n" + last_output(tail) + shorten_paths(stack).strip() + "\n" + _followed(rank))
 
 
 def _faulthandler_signal(stack: str) -> str | None:
@@ -155,9 +156,9 @@ def _timed_out(run: RunDir, nproc: int, timeout: float, errors: dict[int, Any], 
                     "started (not a daemon) or an atexit handler; on a busy machine, pass a larger timeout."
                     ).format(timeout=f"{timeout:g}")
     elif finished:
-        message += " " + _("Rank(s) {finished} had finished their script while the others waited: look for a "
-                           "collective, or dist.init_process_group itself, that only some ranks reach."
-                           ).format(finished=sorted(finished))
+        message = sentences(message, _("Rank(s) {finished} had finished their script while the others waited: look "
+                                       "for a collective, or dist.init_process_group itself, that only some ranks "
+                                       "reach.").format(finished=sorted(finished)))
     return LaunchError(message, running[0] if running else None, log)
 
 
@@ -187,7 +188,7 @@ def diagnose(run: RunDir, nproc: int, log: str, ending: Ending, simulated: bool 
             what = _("rank {rank} of {nproc} finished its script, then died while exiting, by {signal}.")
         else:
             what = _("rank {rank} of {nproc} was killed by {signal}.")
-        message = what.format(rank=rank, nproc=nproc, signal=signals[rank]) + " " + signal_hint(signals[rank])
+        message = sentences(what.format(rank=rank, nproc=nproc, signal=signals[rank]), signal_hint(signals[rank]))
         tail = rank_tail(log, rank)
         return LaunchError(message + ("\n" + last_output(tail) if tail else ""), rank, log)
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .language import _
+from .language import _, sentences
 
 _KEY = "_fourcard_doctor_key"  # set on samplers and optimizers: id() is reused once an object is freed
 _keys = itertools.count()
@@ -297,10 +297,10 @@ def examine(records: dict[int, dict[str, Any]], nproc: int) -> list[str]:
             else:
                 how = _("ranks ended with different weights: max |Δ| {gap} across {nproc} ranks, and they "
                         "ran no collective while training.")
-            warnings.append(how.format(gap=f"{gap:.1e}", nproc=nproc) + " " + _(
+            warnings.append(sentences(how.format(gap=f"{gap:.1e}", nproc=nproc), _(
                 "Likely cause: the model was never wrapped in "
                 "DistributedDataParallel, so each rank trained its own model and no gradient was averaged. "
-                "Fix: model = DDP(model) after init_process_group (lesson 05)."))
+                "Fix: model = DDP(model) after init_process_group (lesson 05).")))
     elif trained:
         gap = _largest_weight_gap(ranks, only_ddp=True)
         if gap is not None and gap > WEIGHT_TOLERANCE:

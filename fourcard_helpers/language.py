@@ -67,6 +67,18 @@ def _(message: str) -> str:
     return gettext.translation("fourcard_helpers", LOCALE, languages=languages(), fallback=True).gettext(message)
 
 
+FULL_WIDTH = "。！？；：，）」"  # Chinese punctuation, which carries its own space
+
+
+def sentences(*parts: str) -> str:
+    """Sentences one after another, as a message puts a hint after what went wrong: a space between
+    them, as English writes it, but none after Chinese punctuation («崩溃。 可能的原因» is not Chinese)."""
+    text = parts[0] if parts else ""
+    for part in parts[1:]:
+        text += ("" if text.endswith(tuple(FULL_WIDTH)) else " ") + part
+    return text
+
+
 def N_(message: str) -> str:
     """Marks a message kept in a constant for the catalog; `_()` translates it where it is used."""
     return message

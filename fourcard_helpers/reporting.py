@@ -64,7 +64,7 @@ def report(**values: Any) -> None:
     data = {name: _jsonable(value, name) for name, value in values.items()}
     run = RunDir.from_env()
     if run is None:
-        print(_("report from rank {rank}: {values}").format(rank=this_rank(), values=json.dumps(data)), flush=True)
+        print(f"report from rank {this_rank()}: {json.dumps(data)}", flush=True)  # a line lesson 12b finds in a job's log
         return
     run.append_json(REPORT, this_rank(), data)
 

@@ -557,7 +557,15 @@ def test_the_package_speaks_with_chinese_punctuation(english_machine) -> None:
 
     english_machine().choose("zh")
     crashed = diagnose._crashed(2, 4, "", "SIGSEGV", "")
-    assert crashed.startswith("rank 2（共 4 个）在原生代码中崩溃（SIGSEGV）。"), crashed
+    assert crashed.startswith("rank 2（共 4 个）在原生代码中崩溃（SIGSEGV）。SIGSEGV 是原生代码"), crashed
+
+
+def test_sentences_put_together_take_a_space_in_english_only() -> None:
+    from fourcard_helpers.language import sentences
+
+    assert sentences("rank 2 crashed.", "SIGSEGV is a crash.") == "rank 2 crashed. SIGSEGV is a crash."
+    assert sentences("rank 2 crashed.", "") == "rank 2 crashed. "  # as the English always had it
+    assert sentences("rank 2 崩溃了。", "可能的原因：", "x") == "rank 2 崩溃了。可能的原因：x"
 
 
 def test_each_chinese_lesson_chooses_chinese_where_the_learner_sees_it() -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fourcard_helpers.language import N_, _
+from fourcard_helpers.language import N_, _, sentences
 
 NAME = "expert-dispatch"
 LESSON = "14"
@@ -59,9 +59,9 @@ def _wrong_splits(rank: int, sent: list[int] | None, predicted: dict[str, Any]) 
                 "{rows} (the rows for that card's experts, added).").format(
                     rank=rank, sent=sent, rows=predicted["to_card"])
     if sent == predicted["other_dim"]:
-        message += " " + _("{sent} is the counts, viewed as (card, expert on it), summed over the wrong dimension "
+        message = sentences(message, _("{sent} is the counts, viewed as (card, expert on it), summed over the wrong dimension "
                            "(over the cards, for each expert slot): sum over the experts of each card, "
-                           "`counts.view(world, per_rank).sum(1)`.").format(sent=sent)
+                           "`counts.view(world, per_rank).sum(1)`.").format(sent=sent))
     return message
 
 
@@ -94,13 +94,13 @@ def _diagnose(reports: list[dict[str, Any]], world: int) -> str:
         found = _("the output differs from one card's layer (float64) in these rows: {counts}.").format(counts=counts)
         if all(reports[r]["permuted"] for r in wrong):
             sorted_order = all(reports[r]["by_expert"] for r in wrong)
-            raise CheckFailed(found + " " + _(
+            raise CheckFailed(sentences(found, _(
                 "Every row holds the right result of another of the rank's tokens: the output is permuted{how}. The "
                 "results come back in the order the tokens were sent; put each at its token's position (with the "
                 "order the tokens were sorted by, `out[order] = ...`).").format(
-                    how=_(", in the order the tokens were sorted by expert") if sorted_order else ""))
-        raise CheckFailed(found + " " + _("Largest difference {gap:.2g}.").format(
-            gap=max(reports[r]["gap"] for r in wrong)))
+                    how=_(", in the order the tokens were sorted by expert") if sorted_order else "")))
+        raise CheckFailed(sentences(found, _("Largest difference {gap:.2g}.").format(
+            gap=max(reports[r]["gap"] for r in wrong))))
     for rank, report in enumerate(reports):
         floating = [c for c in report["splits"] if c["floating"]]
         integer = [c for c in report["splits"] if not c["floating"]]

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fourcard_helpers.language import N_, _
+from fourcard_helpers.language import N_, _, sentences
 
 NAME = "one-f-one-b"
 LESSON = "07"
@@ -70,9 +70,9 @@ def _diagnose_wait(stuck: dict[int, dict[str, Any]], seconds: float) -> str:
                       "{posted} sends to it: stage {peer} skips a send.")
                 found.append(said.format(rank=rank, number=got + 1, peer=peer, posted=posted))
     cause = " ".join(found) if found else _("A receive that no send matches waits for ever.")
-    return describe_wait(stuck, seconds) + "\n" + cause + " " + _(
+    return sentences(describe_wait(stuck, seconds) + "\n" + cause, _(
         "Every micro-batch's activation goes forward from each stage but the last, and its gradient goes back "
-        "from each stage but the first: m sends each way per link.")
+        "from each stage but the first: m sends each way per link."))
 
 
 def _diagnose(cases_by_rank: list[list[dict[str, Any]]], stages: int) -> str:

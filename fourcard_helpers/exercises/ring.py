@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fourcard_helpers.language import N_, _
+from fourcard_helpers.language import N_, _, sentences
 
 NAME = "ring-all-reduce"
 LESSON = "06"
@@ -99,13 +99,13 @@ def _diagnose(cases_by_rank: list[list[dict[str, Any]]], world: int) -> str:
                     ).format(length=length, ranks=bad_ranks, count=ranks[bad_ranks[0]]["wrong"], spans=spans,
                              more=", …" if len(ranks[bad_ranks[0]]["wrong_ranges"]) == 4 else "")
         if unsummed:
-            message += " " + _("Those positions still hold the rank's own numbers: no chunk covered them.")
+            message = sentences(message, _("Those positions still hold the rank's own numbers: no chunk covered them."))
         if all(length % world for length in wrong):
             right = [n for n in by_length if n not in wrong]
-            message += " " + _("The lengths that {world} divides are right ({right}); the others are not: your chunks "
+            message = sentences(message, _("The lengths that {world} divides are right ({right}); the others are not: your chunks "
                                "do not cover an uneven length. `tensor.tensor_split({world})` cuts any length into "
                                "{world} pieces whose lengths differ by one at most (some empty when the tensor is "
-                               "shorter than {world}).").format(world=world, right=right)
+                               "shorter than {world}).").format(world=world, right=right))
         raise CheckFailed(message)
     copied = [length for length, ranks in by_length.items() if not all(case["in_place"] for case in ranks)]
     if copied:

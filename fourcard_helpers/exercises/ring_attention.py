@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fourcard_helpers.language import N_, _
+from fourcard_helpers.language import N_, _, sentences
 
 NAME = "ring-attention"
 LESSON = "14"
@@ -79,19 +79,19 @@ def _diagnose(reports: list[dict[str, Any]], world: int) -> str:
                   "(head, query) rows: {counts}; largest difference {gap:.2g}.").format(
                       counts=counts, gap=max(reports[r]["gap"] for r in wrong))
         if all(reports[r]["averaged"] for r in wrong):
-            raise CheckFailed(found + " " + _(
+            raise CheckFailed(sentences(found, _(
                 "Every row is wrong, and each equals the plain average of the {world} blocks' own attention outputs: "
                 "the blocks were averaged. Each block's output is normalised by its own sum of exp(score); merged, "
                 "it must be weighted by its share of the joint sum, exp(lse_block − lse), which differs from block "
-                "to block (a block with the query's largest scores weighs most).").format(world=world))
+                "to block (a block with the query's largest scores weighs most).").format(world=world)))
         if all(reports[r]["not_rescaled"] for r in wrong):
             right = sum(rows - reports[r]["wrong"] for r in wrong)
-            raise CheckFailed(found + " " + _(
+            raise CheckFailed(sentences(found, _(
                 "The wrong rows are exactly those whose largest score rose after the first block ({right} rows "
                 "whose largest score was in their first block are right): the running output (and perhaps the "
                 "running sum) was not rescaled when the running max changed. When the max rises from m to m', "
                 "multiply both the sum and the output so far by exp(m − m') before adding the new block.").format(
-                    right=right))
+                    right=right)))
         raise CheckFailed(found)
     block = reports[0]["block_bytes"]
     expected = (world - 1) * block
@@ -104,24 +104,24 @@ def _diagnose(reports: list[dict[str, Any]], world: int) -> str:
                       rank=rank, received=report["received"], world=world, steps=world - 1, block=block,
                       expected=expected, peers=peers, held=held, held_bytes=report["held"])
         if len(peers) > 1:
-            raise CheckFailed(found + " " + _(
+            raise CheckFailed(sentences(found, _(
                 "Sending to several ranks is a gather: every rank's keys and values end up on each card, the whole "
-                "sequence. A ring sends to one neighbour and receives from the other, one block a step."))
+                "sequence. A ring sends to one neighbour and receives from the other, one block a step.")))
         if report["received"] == world * block:
-            raise CheckFailed(found + " " + _(
+            raise CheckFailed(sentences(found, _(
                 "That is one transfer too many: after {steps} steps every block has come by, so the block received "
                 "in the last step is never used. Post a transfer only while step < {world} − 1.").format(
-                    steps=world - 1, world=world))
+                    steps=world - 1, world=world)))
         if report["received"] != expected:
-            raise CheckFailed(found + " " + _(
+            raise CheckFailed(sentences(found, _(
                 "A ring passes each block on once a step, {steps} steps, one block of keys and values each.").format(
-                    steps=world - 1))
+                    steps=world - 1)))
         if held > 2:
-            raise CheckFailed(found + " " + _(
+            raise CheckFailed(sentences(found, _(
                 "A ring holds two blocks at most: the one in use and the one arriving. Something still refers to "
                 "blocks already used and passed on: a list that keeps them, or the requests of earlier steps (an "
                 "`isend`'s request, or the list from `dist.batch_isend_irecv`, keeps its tensor until it is "
-                "dropped); keep only this step's requests, and drop each block once it has been used and passed on."))
+                "dropped); keep only this step's requests, and drop each block once it has been used and passed on.")))
     most = max(report["held"] for report in reports) / block
     return _("equal to one card's attention over the whole sequence on all {world} ranks (float64, within {tol:g}); "
              "each rank received {steps} blocks of keys and values of {block:,} B ({expected:,} B) from one neighbour "

@@ -25,7 +25,7 @@ from typing import Any
 
 from fourcard_helpers.check import CheckFailed
 from fourcard_helpers.exercises import harness
-from fourcard_helpers.language import N_, _
+from fourcard_helpers.language import N_, _, sentences
 
 NAME = "sharded-clip"
 LESSON = "10"
@@ -83,10 +83,10 @@ def _judge(cases: list[list[dict[str, Any]]], launched: list[list[list[dict[str,
                         "the gradient put back together is no longer a scaled copy of the whole: its direction "
                         "changed.").format(max_norm=max_norm, shown=shown)
             if own:
-                message += " " + _("Each factor is max_norm over the norm of that rank's own shards: each rank "
+                message = sentences(message, _("Each factor is max_norm over the norm of that rank's own shards: each rank "
                                    "clipped by its own piece. Sum the squares of the shards on each rank, "
                                    "all-reduce that sum, and scale every shard by the one factor the whole "
-                                   "gradient's norm gives.")
+                                   "gradient's norm gives."))
             raise CheckFailed(message)
         returned = [case["returned"] for case in ranks]
         if not max(returned) - min(returned) <= tol * max(abs(x) for x in returned):
@@ -102,21 +102,21 @@ def _judge(cases: list[list[dict[str, Any]]], launched: list[list[list[dict[str,
                         "({tol:.1g}).").format(returned=returned[0], total=first["total"],
                                                gap=abs(returned[0] - first["total"]) / first["total"], tol=tol)
             if first["dtype"] not in (None, "torch.float64"):
-                message += " " + _("The norm returned is a {dtype} tensor, where the gradients are float64: the "
+                message = sentences(message, _("The norm returned is a {dtype} tensor, where the gradients are float64: the "
                                    "squares were summed or all-reduced in a coarser type (`torch.tensor(x)` of a "
                                    "Python float is float32). Keep the sum in the gradients' dtype.").format(
-                    dtype=first["dtype"])
+                    dtype=first["dtype"]))
             elif abs(returned[0] * world ** 0.5 - first["total"]) <= tol * first["total"]:
-                message += " " + _("It is the true norm over √{world}: the squares were averaged over the ranks, not "
+                message = sentences(message, _("It is the true norm over √{world}: the squares were averaged over the ranks, not "
                                    "summed. The whole gradient's sum of squares is the sum of the ranks' sums: "
                                    "all-reduce with SUM (the default) and do not divide by the number of "
-                                   "ranks.").format(world=world)
+                                   "ranks.").format(world=world))
             elif abs(returned[0] - sum(locals_)) <= tol * returned[0]:
-                message += " " + _("It is the sum of the ranks' own norms ({locals}): norms do not add up, squares "
+                message = sentences(message, _("It is the sum of the ranks' own norms ({locals}): norms do not add up, squares "
                                    "do. All-reduce each rank's sum of squares, then take the square root.").format(
-                    locals=" + ".join(f"{x:.4g}" for x in locals_))
+                    locals=" + ".join(f"{x:.4g}" for x in locals_)))
             elif abs(returned[0] - first["total"] ** 2) <= tol * returned[0]:
-                message += " " + _("It is the sum of the squares: take its square root.")
+                message = sentences(message, _("It is the sum of the squares: take its square root."))
             raise CheckFailed(message)
         factor = next(iter(factors.values()))
         if not abs(factor - first["factor_one_card"]) <= tol * first["factor_one_card"]:
@@ -124,17 +124,17 @@ def _judge(cases: list[list[dict[str, Any]]], launched: list[list[list[dict[str,
                         "where clip_grad_norm_ scales by {expected:.10g}.").format(
                 max_norm=max_norm, total=first["total"], factor=factor, expected=first["factor_one_card"])
             if first["factor_one_card"] == 1.0 and factor > 1.0:
-                message += " " + _("The norm is below max_norm, so nothing must change, but the gradients were "
+                message = sentences(message, _("The norm is below max_norm, so nothing must change, but the gradients were "
                                    "scaled up: clamp the factor to 1 (`.clamp(max=1.0)`). Clipping only ever "
-                                   "shortens a gradient.")
+                                   "shortens a gradient."))
             elif factor == 1.0 and any(case["replaced"] for case in ranks):
-                message += " " + _("The list's entries were replaced by new tensors; the gradient shards themselves "
-                                   "were not scaled: scale them in place, e.g. `shard.mul_(factor)`.")
+                message = sentences(message, _("The list's entries were replaced by new tensors; the gradient shards themselves "
+                                   "were not scaled: scale them in place, e.g. `shard.mul_(factor)`."))
             elif factor == 1.0 and not any(case["changed"] for case in ranks):
-                message += " " + _("The shards passed in are unchanged: scale them in place (`shard.mul_(factor)`), "
-                                   "as clip_grad_norm_ scales the gradients it is given.")
+                message = sentences(message, _("The shards passed in are unchanged: scale them in place (`shard.mul_(factor)`), "
+                                   "as clip_grad_norm_ scales the gradients it is given."))
             elif abs(factor - max_norm / first["total"]) <= tol * factor:
-                message += " " + _("That is max_norm / norm: clip_grad_norm_ divides by norm + 1e-6.")
+                message = sentences(message, _("That is max_norm / norm: clip_grad_norm_ divides by norm + 1e-6."))
             raise CheckFailed(message)
         worst = max(case["gap"] for case in ranks)
         if not worst <= tol:
