@@ -50,7 +50,9 @@ def test_the_chinese_notebook_is_what_the_catalog_builds(lesson: Path) -> None:
 
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=lesson_ids(LESSONS))
-def test_code_and_outputs_are_the_english_ones(lesson: Path) -> None:
+def test_the_code_is_the_english_with_its_figures_text_in_chinese(lesson: Path) -> None:
+    """Code cells as translate.chinese_lesson makes them; their outputs are the Chinese notebook's own
+    run's (tests/test_chinese_notebooks.py)."""
     english = json.loads(lesson.read_text(encoding="utf-8"))
     chinese = json.loads((translate.CHINESE_NOTEBOOKS / lesson.name).read_text(encoding="utf-8"))
     assert len(chinese["cells"]) == len(english["cells"])
@@ -59,10 +61,11 @@ def test_code_and_outputs_are_the_english_ones(lesson: Path) -> None:
         if en["cell_type"] == "markdown":
             assert set(en) == set(zh) and en["metadata"] == zh["metadata"], f"cell {index}"
         else:  # the first code cell also chooses Chinese for the package's messages (translate.chinese_code)
-            chosen = translate.chinese_code("".join(en["source"]))
-            assert zh == {**en, "source": chosen.splitlines(True) if chosen != "".join(en["source"]) else en["source"]}, (
-                f"{lesson.name} cell {index}: the Chinese code cell differs from the English")
-    assert chinese["metadata"] == {**english["metadata"], "language": "zh-CN"}
+            built = translate.chinese_lesson(lesson)["cells"][index]
+            assert {**zh, "outputs": [], "execution_count": None} == {**built, "outputs": [], "execution_count": None}, (
+                f"{lesson.name} cell {index}: the Chinese code cell differs from what the English and the catalog make")
+    assert {key: value for key, value in chinese["metadata"].items() if key != translate.RAN} == {
+        **english["metadata"], "language": "zh-CN"}
 
 
 def test_the_chinese_notebooks_run_from_their_folder() -> None:
@@ -83,14 +86,18 @@ def test_the_chinese_notebooks_run_from_their_folder() -> None:
 
 
 @pytest.mark.slow  # a second pytest collects every notebook: 14 s
-def test_nbval_does_not_run_the_chinese_notebooks_again() -> None:
-    """Their cells are the English ones (checked above): a second run would only double CI's time."""
+def test_nbval_runs_the_chosen_chinese_notebooks_again_and_no_other() -> None:
+    """Their code is the English with its text translated (checked above, and in
+    tests/test_chinese_notebooks.py): nbval runs only the lessons conftest.py names, for CI's time."""
     collected = subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "notebooks"],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert collected.returncode == 0, collected.stdout + collected.stderr
     assert "00_cards_and_launching.ipynb::" in collected.stdout
-    assert "notebooks/zh/" not in collected.stdout
+    chinese = {line.split("::")[0] for line in collected.stdout.splitlines() if line.startswith("notebooks/zh/")}
+    from conftest import CHINESE_NBVAL
+
+    assert chinese == {f"notebooks/zh/{name}.ipynb" for name in CHINESE_NBVAL}
 
 
 # -- the translation keeps what must not change ------------------------------------------------
