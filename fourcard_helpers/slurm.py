@@ -4,10 +4,12 @@ SLURM is where a learner goes when one machine's cards are no longer enough, and
 real cluster is where a day gets lost. Lesson 12's batch file runs here for real: SLURM's own
 daemons (`munged` for authentication, `slurmctld` the controller, one `slurmd` per node), each node
 a name with its own port, its share of the machine's cores and memory, and the address 127.0.0.1, on
-which alone the daemons listen. Everything is in one folder the learner owns, except munge's socket,
-which must be open to all (see _munge_dir), and what every user's clusters share in /tmp/fourcards-slurm.
+which alone the daemons listen (as root, `up --own-addresses` gives the controller and each node an
+address of its own instead, as a real cluster's machines have: see _make_network). Everything is in one
+folder the learner owns, except munge's socket, which must be open to all (see _munge_dir), and what
+every user's clusters share in /tmp/fourcards-slurm.
 
-    python -m fourcard_helpers.slurm up [--nodes 2] [--dir DIR]   # prints the line to paste: export SLURM_CONF=...
+    python -m fourcard_helpers.slurm up [--nodes 2] [--dir DIR] [--own-addresses]   # prints: export SLURM_CONF=...
     python -m fourcard_helpers.slurm status [--dir DIR]
     python -m fourcard_helpers.slurm down [--dir DIR]
 
@@ -22,8 +24,8 @@ controller could not end it: each of this cluster's `slurmstepd` processes and e
 With GPUs (`/dev/nvidia0`, ...), each node gets an equal share of them as a GRES, so that a batch file's
 `--gpus-per-node` works unchanged. Several practice clusters may run at once (the tests and a lesson, say):
 each numbers its jobs from a block of its own, since lesson 12's file takes its rendezvous port from the
-job id. Needs Debian's or Ubuntu's `slurm-wlm munge` (SLURM 22.05 tried); nothing needs root. A job's
-history: `sacct --completion` (no accounting database, SLURM's slurmdbd, runs here).
+job id. Needs Debian's or Ubuntu's `slurm-wlm munge` (SLURM 22.05 tried); nothing but `--own-addresses`
+needs root. A job's history: `sacct --completion` (no accounting database, SLURM's slurmdbd, runs here).
 """
 from __future__ import annotations
 
@@ -61,7 +63,9 @@ IDLE_TIMEOUT = 60.0  # bounds only a node that never comes up; the wait itself e
 # Lesson 12's batch file listens for its rendezvous on port 20000 + job id % 10000, one port per job on a real
 # cluster. Practice clusters on one machine would all number their jobs from 1: each takes a block of its own.
 JOB_ID_BLOCK, JOB_ID_BLOCKS = 1000, 10
-SHARED_DIR = Path("/tmp/fourcards-slurm")  # what all users' clusters share: see _shared_dir
+# What all users' clusters share (see _shared_dir). A fixed name on purpose: every user must find the same folder,
+# whatever their $TMPDIR; /tmp is the one folder open to all on every Linux machine.
+SHARED_DIR = Path("/tmp/fourcards-slurm")
 # A job step's credential is good for CRED_EXPIRE seconds (SLURM: 120): slurm.conf's manual asks for time to
 # load the user's environment, run a prolog and survive a paged-out slurmd before the step starts. A requeued
 # job also waits as long before it starts again, which lesson 12b waits for once, within its 120 s. The practice
@@ -84,6 +88,8 @@ class Cluster:
     first_job_id: int = 1  # this cluster's jobs are numbered from here
     gpus_per_node: int = 0  # each node's share of the machine's GPUs, as the GRES gpu
     munge_dir: Path | None = None  # the folder of munge's socket, outside `dir` (see _munge_dir)
+    addresses: dict[str, str] | None = None  # own addresses: "controller" and each node's (see _make_network)
+    namespaces: dict[str, str] | None = None  # own addresses: the network namespace of each (same keys)
 
     @property
     def conf(self) -> Path:
@@ -175,7 +181,8 @@ def _read_state(folder: Path) -> Cluster | None:
         return None
     return Cluster(dir=folder, nodes=tuple(state["nodes"]), pids=dict(state["pids"]),
                    first_job_id=state.get("first_job_id", 1), gpus_per_node=state.get("gpus_per_node", 0),
-                   munge_dir=Path(state["munge_dir"]) if state.get("munge_dir") else None)
+                   munge_dir=Path(state["munge_dir"]) if state.get("munge_dir") else None,
+                   addresses=state.get("addresses"), namespaces=state.get("namespaces"))
 
 
 def gpu_files() -> list[str]:
@@ -307,14 +314,16 @@ def _open_to_all(fd: int) -> None:
 
 
 def _write_conf(folder: Path, nodes: list[str], cpus: int, memory: int, first_job_id: int, gpus: dict[str, list[str]],
-                munge_socket: Path) -> None:
+                munge_socket: Path, addresses: dict[str, str] | None) -> None:
     user = pwd.getpwuid(os.geteuid()).pw_name  # who runs `up`, not what $USER says
     host = socket.gethostname()
+    address = (addresses or {}).get
+    # free in this machine's namespace; in a namespace of the cluster's own, nothing else listens
     controller_port, *node_ports = _free_ports(1 + len(nodes))
     lines = [
         "# Written by `python -m fourcard_helpers.slurm up`: a practice cluster on one machine.",
         "ClusterName=fourcards",
-        f"SlurmctldHost={host}(127.0.0.1)",
+        f"SlurmctldHost={host}({address('controller', '127.0.0.1')})",
         f"SlurmctldPort={controller_port}",
         f"SlurmUser={user}",  # the learner runs every daemon: no root
         f"SlurmdUser={user}",
@@ -322,7 +331,7 @@ def _write_conf(folder: Path, nodes: list[str], cpus: int, memory: int, first_jo
         # cred_expire: how long a job step's credential is good for, 120 s by default; a step must start within it,
         # and a requeued job waits that long before it may start again. CRED_EXPIRE here (see there).
         f"AuthInfo=socket={munge_socket},cred_expire={CRED_EXPIRE}",
-        # every daemon listens on the address the cluster gives it (127.0.0.1), not on every interface
+        # every daemon listens on the address the cluster gives it, not on every interface
         "CommunicationParameters=NoInAddrAny,NoCtldInAddrAny",
         f"StateSaveLocation={folder / 'state'}",
         f"SlurmdSpoolDir={folder / 'spool' / '%n'}",
@@ -358,7 +367,7 @@ def _write_conf(folder: Path, nodes: list[str], cpus: int, memory: int, first_jo
         _write_task_prolog(folder, gpus)
     for name, port in zip(nodes, node_ports):
         gres = f" Gres=gpu:{len(gpus[name])}" if gpus[name] else ""
-        lines.append(f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} CPUs={cpus} RealMemory={memory}{gres} State=UNKNOWN")
+        lines.append(f"NodeName={name} NodeHostname={host} NodeAddr={address(name, '127.0.0.1')} Port={port} CPUs={cpus} RealMemory={memory}{gres} State=UNKNOWN")
     lines.append(f"PartitionName={PARTITION} Nodes={','.join(nodes)} Default=YES MaxTime=INFINITE State=UP")
     (folder / "slurm.conf").write_text("\n".join(lines) + "\n")
     # gres.conf, beside slurm.conf: which device files are each node's GPUs. SLURM numbers them from 0 on every
@@ -388,6 +397,85 @@ for name in CUDA_VISIBLE_DEVICES SLURM_JOB_GPUS SLURM_STEP_GPUS GPU_DEVICE_ORDIN
 done
 """)
     prolog.chmod(0o755)
+
+
+# Own addresses: 198.18.0.0/15 is set aside for testing networks (RFC 2544), so no real network a machine is on
+# uses it; each block of job ids (k) gets 198.18.k.0/24, so that clusters running at once do not meet.
+NETWORK = "198.18.{k}.{host}"
+
+
+def _network_names(first_job_id: int, nodes: list[str]) -> tuple[str, dict[str, str]]:
+    """The bridge's name and the network namespace of the controller and of each node, from the cluster's block of
+    job ids (unique on the machine)."""
+    k = (first_job_id - 1) // JOB_ID_BLOCK
+    return f"fourcards{k}", {name: f"fourcards{k}-{name}" for name in ["controller", *nodes]}
+
+
+def _ip(*args: str) -> None:
+    done = subprocess.run([program("ip") or "ip", *args], capture_output=True, text=True)
+    if done.returncode:
+        raise ClusterError(f"`ip {' '.join(args)}` failed: {done.stderr.strip()}. Each node's own address needs "
+                           "network namespaces (root, and a kernel that allows them); without --own-addresses "
+                           "every node has the address 127.0.0.1.")
+
+
+def _make_network(folder: Path, first_job_id: int, nodes: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """The controller and each node in a network namespace of its own, as machines of their own: each its own
+    address, on an interface eth0 joined by a virtual Ethernet pair to a bridge (the cluster's switch) in this
+    machine's namespace, from which the learner submits, as from a login node. Only what runs in a node's
+    namespace sees its address: slurmd, the jobs it starts, their torchrun and ranks. Each also has a /etc/hosts
+    of its own (_in_node), which resolves this machine's name to its own address, as a real node's does:
+    slurmctld (NoCtldInAddrAny) and `srun` (NoInAddrAny) listen there, and gloo finds its interface by it.
+    Needs root (`ip netns`).
+    Returns the addresses and the namespaces, of "controller" and of each node."""
+    if os.geteuid() != 0 or program("ip") is None:
+        raise ClusterError("each node's own address needs root and the `ip` program (network namespaces): run `up` "
+                           "as root, or without --own-addresses, where every node has the address 127.0.0.1.")
+    bridge, namespaces = _network_names(first_job_id, nodes)
+    k = (first_job_id - 1) // JOB_ID_BLOCK
+    _remove_network(bridge, namespaces)  # what a cluster of this block left when it was killed without `down`
+    addresses = {"controller": NETWORK.format(k=k, host=1),
+                 **{name: NETWORK.format(k=k, host=11 + i) for i, name in enumerate(nodes)}}
+    _ip("link", "add", bridge, "type", "bridge")
+    _ip("addr", "add", f"{NETWORK.format(k=k, host=254)}/24", "dev", bridge)  # the login node's address
+    _ip("link", "set", bridge, "up")
+    for name, namespace in namespaces.items():
+        _ip("netns", "add", namespace)
+        end = f"{bridge}{name[:5]}"  # this machine's end of the node's cable, on the bridge (15 characters at most)
+        _ip("link", "add", end, "type", "veth", "peer", "name", "eth0", "netns", namespace)
+        _ip("link", "set", end, "master", bridge, "up")
+        _ip("-n", namespace, "addr", "add", f"{addresses[name]}/24", "dev", "eth0")
+        _ip("-n", namespace, "link", "set", "eth0", "up")
+        _ip("-n", namespace, "link", "set", "lo", "up")
+    login = NETWORK.format(k=k, host=254)
+    for own in namespaces:  # every machine of the cluster by its name, as a site's /etc/hosts or DNS has them
+        lines = ["127.0.0.1 localhost", f"{login} login"]
+        lines += [f"{address} {socket.gethostname()} {name}" if name == own else f"{address} {name}"
+                  for name, address in addresses.items()]
+        _hosts_file(folder, own).write_text("\n".join(lines) + "\n")
+    return addresses, namespaces
+
+
+def _hosts_file(folder: Path, node: str) -> Path:
+    return folder / "etc" / f"hosts.{node}"
+
+
+def _in_node(folder: Path, node: str, namespace: str) -> list[str]:
+    """The command line that runs a command in the node's network namespace with the node's /etc/hosts, in
+    the same process (each program execs the next). Not `ip netns exec`, which also mounts a /sys of its own,
+    without the cgroup file systems slurmd needs."""
+    return [program("nsenter") or "nsenter", f"--net=/var/run/netns/{namespace}",
+            program("unshare") or "unshare", "--mount", "--propagation", "private",
+            "sh", "-c", 'mount --bind "$0" /etc/hosts && exec "$@"', str(_hosts_file(folder, node))]
+
+
+def _remove_network(bridge: str, namespaces: dict[str, str]) -> None:
+    """Remove the namespaces (their end of each cable goes with them, and so the other end) and the bridge;
+    what is not there is skipped."""
+    ip = program("ip") or "ip"
+    for namespace in namespaces.values():
+        subprocess.run([ip, "netns", "delete", namespace], capture_output=True)
+    subprocess.run([ip, "link", "delete", bridge], capture_output=True)
 
 
 def _start(folder: Path, command: list[str], output: Path) -> int:
@@ -432,19 +520,22 @@ def status(folder: Path = DEFAULT_DIR) -> Cluster | None:
     return cluster
 
 
-def up(nodes: int = 2, folder: Path = DEFAULT_DIR, cpus: int | None = None, gpus: list[str] | None = None) -> Cluster:
+def up(nodes: int = 2, folder: Path = DEFAULT_DIR, cpus: int | None = None, gpus: list[str] | None = None,
+       own_addresses: bool = False) -> Cluster:
     """Start a practice cluster of `nodes` nodes in `folder` and wait until every node is idle.
 
     `cpus`: each node's cores (default: an equal share of this machine's, at least one); each node also gets
     an equal share of its memory. `gpus`: the GPU device files to share among the nodes (default: this
     machine's, `gpu_files()`). The shares are what SLURM gives out, as on a real cluster whose nodes are
-    machines of their own: a job asking for more cores or memory than a node has is refused."""
+    machines of their own: a job asking for more cores or memory than a node has is refused.
+    `own_addresses` (root only): each node at an address of its own, in a network namespace of its own
+    (_make_network), as on a real cluster; by default every node has the address 127.0.0.1."""
     if missing := missing_programs():
         raise ClusterError(f"this machine lacks {', '.join(missing)}: {INSTALL_HINT}.")
     folder = Path(folder).expanduser().resolve()
     with _machine_lock():
         return _up(nodes, folder, cpus or max(1, (os.cpu_count() or 1) // nodes), max(1, _memory_mb() // nodes),
-                   gpu_files() if gpus is None else gpus)
+                   gpu_files() if gpus is None else gpus, own_addresses)
 
 
 def _memory_mb() -> int:
@@ -465,13 +556,13 @@ def _munge_dir() -> Path:
     return made
 
 
-def _up(nodes: int, folder: Path, cpus: int, memory: int, gpus: list[str]) -> Cluster:
+def _up(nodes: int, folder: Path, cpus: int, memory: int, gpus: list[str], own_addresses: bool) -> Cluster:
     if status(folder) is not None:
         raise ClusterError(f"a practice cluster already runs from {folder}: use it, or stop it first with "
                            f"`python -m fourcard_helpers.slurm down --dir {folder}`.")
     if _read_state(folder) is not None:  # a cluster whose processes died, or were killed, without `down`
         down(folder)
-    for part in ("munge", "state", "spool", "run", "log"):
+    for part in ("munge", "state", "spool", "run", "log", "etc"):
         shutil.rmtree(folder / part, ignore_errors=True)
         (folder / part).mkdir(parents=True, mode=0o700)
     folder.chmod(0o700)
@@ -480,7 +571,7 @@ def _up(nodes: int, folder: Path, cpus: int, memory: int, gpus: list[str]) -> Cl
         (folder / "spool" / name).mkdir()
     first_job_id, share, munge_dir = _claim_job_ids(folder), _share(gpus, names), _munge_dir()
     socket_path = munge_dir / "munge.socket"
-    _write_conf(folder, names, cpus, memory, first_job_id, share, socket_path)
+    addresses = namespaces = None
     key = folder / "munge" / "munge.key"
     key.write_bytes(secrets.token_bytes(1024))
     key.chmod(0o400)  # munged refuses a key that others can read, in a folder others can write
@@ -491,10 +582,16 @@ def _up(nodes: int, folder: Path, cpus: int, memory: int, gpus: list[str]) -> Cl
     pids: dict[str, int] = {}
 
     def save() -> None:
-        _save(folder, names, pids, first_job_id, len(share[names[0]]), munge_dir)
+        _save(folder, names, pids, first_job_id, len(share[names[0]]), munge_dir, addresses, namespaces)
 
     try:
         save()  # from here, `down` finds the socket's folder
+        if own_addresses:
+            namespaces = _network_names(first_job_id, names)[1]
+            save()  # from here, `down` removes the network, also one half made
+            addresses, namespaces = _make_network(folder, first_job_id, names)
+            save()
+        _write_conf(folder, names, cpus, memory, first_job_id, share, socket_path, addresses)
         pids["munged"] = _start(folder, [
             program("munged"), "--foreground", f"--socket={socket_path}", f"--key-file={key}",
             f"--pid-file={folder / 'run' / 'munged.pid'}", f"--seed-file={folder / 'munge' / 'munged.seed'}"],
@@ -502,15 +599,18 @@ def _up(nodes: int, folder: Path, cpus: int, memory: int, gpus: list[str]) -> Cl
         save()
         _wait_for("munged's socket", socket_path.exists, pids, logs, IDLE_TIMEOUT)
         # it locks its pid file, the claim of the block of job ids, for as long as it runs
-        pids["slurmctld"] = _start(folder, [program("slurmctld"), "-D", "-i", "-f", conf],
+        inside = _in_node(folder, "controller", namespaces["controller"]) if namespaces else []  # the same pid
+        pids["slurmctld"] = _start(folder, [*inside, program("slurmctld"), "-D", "-i", "-f", conf],
                                    folder / "log" / "slurmctld.out")
         save()
         for name in names:
-            pids[f"slurmd {name}"] = _start(folder, [program("slurmd"), "-D", "-N", name, "-f", conf],
+            inside = _in_node(folder, name, namespaces[name]) if namespaces else []  # the same pid
+            pids[f"slurmd {name}"] = _start(folder, [*inside, program("slurmd"), "-D", "-N", name, "-f", conf],
                                             folder / "log" / f"slurmd.{name}.out")
             save()
         cluster = Cluster(dir=folder, nodes=tuple(names), pids=dict(pids), first_job_id=first_job_id,
-                          gpus_per_node=len(share[names[0]]), munge_dir=munge_dir)
+                          gpus_per_node=len(share[names[0]]), munge_dir=munge_dir, addresses=addresses,
+                          namespaces=namespaces)
         _wait_for("every node idle", lambda: _all_idle(cluster), pids, logs, IDLE_TIMEOUT)
     except BaseException:
         down(folder)
@@ -521,11 +621,12 @@ def _up(nodes: int, folder: Path, cpus: int, memory: int, gpus: list[str]) -> Cl
 
 
 def _save(folder: Path, names: list[str], pids: dict[str, int], first_job_id: int, gpus_per_node: int,
-          munge_dir: Path) -> None:
-    """Record each pid as soon as it exists: a `down` after any failure finds every daemon."""
+          munge_dir: Path, addresses: dict[str, str] | None, namespaces: dict[str, str] | None) -> None:
+    """Record each pid as soon as it exists: a `down` after any failure finds every daemon (and the network)."""
     temporary = _state_file(folder).with_suffix(".tmp")
     temporary.write_text(json.dumps({"nodes": names, "pids": pids, "first_job_id": first_job_id,
-                                     "gpus_per_node": gpus_per_node, "munge_dir": str(munge_dir)}, indent=1))
+                                     "gpus_per_node": gpus_per_node, "munge_dir": str(munge_dir),
+                                     "addresses": addresses, "namespaces": namespaces}, indent=1))
     temporary.replace(_state_file(folder))
 
 
@@ -578,6 +679,8 @@ def down(folder: Path = DEFAULT_DIR, grace: float = 10.0) -> bool:
         leftover.unlink(missing_ok=True)
     if cluster.munge_dir is not None:
         shutil.rmtree(cluster.munge_dir, ignore_errors=True)
+    if cluster.namespaces:  # after every process in them has ended
+        _remove_network(_network_names(cluster.first_job_id, list(cluster.nodes))[0], cluster.namespaces)
     _state_file(folder).unlink(missing_ok=True)
     _release_job_ids(cluster.first_job_id, folder)
     if pids := left():
@@ -587,7 +690,7 @@ def down(folder: Path = DEFAULT_DIR, grace: float = 10.0) -> bool:
 
 
 @contextmanager
-def practice_cluster(nodes: int = 2, folder: Path | None = None) -> Iterator[Cluster]:
+def practice_cluster(nodes: int = 2, folder: Path | None = None, own_addresses: bool = False) -> Iterator[Cluster]:
     """A practice cluster for a `with` block, stopped when the block ends, also if the kernel dies in it.
 
     A guard process holds the read end of a pipe whose write end only this process holds
@@ -601,7 +704,7 @@ def practice_cluster(nodes: int = 2, folder: Path | None = None) -> Iterator[Clu
                            dict(os.environ), log)
     pipe.started()
     try:
-        cluster = up(nodes, folder)
+        cluster = up(nodes, folder, own_addresses=own_addresses)
         yield cluster
     finally:
         down(folder)
@@ -622,11 +725,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("action", choices=["up", "status", "down", "guard"])
     parser.add_argument("--nodes", type=int, default=2, help="nodes for `up` (default 2)")
     parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=f"the cluster's folder (default {DEFAULT_DIR})")
+    parser.add_argument("--own-addresses", action="store_true",
+                        help="`up`: each node at an address of its own, in a network namespace (root only)")
     args = parser.parse_args(argv)
     folder = args.dir.expanduser().resolve()
     try:
         if args.action == "up":
-            cluster = up(args.nodes, folder)
+            cluster = up(args.nodes, folder, own_addresses=args.own_addresses)
             cards = f", {cluster.gpus_per_node} GPUs each" if cluster.gpus_per_node else ""
             print(f"practice cluster up: {len(cluster.nodes)} node{'s' if len(cluster.nodes) != 1 else ''} ({', '.join(cluster.nodes)}) idle{cards}, folder {folder}")
             print(f"export SLURM_CONF={cluster.conf}")

@@ -348,6 +348,68 @@ def test_lesson_12s_batch_file_requeues_itself_on_the_time_limit_warning(tmp_pat
     (ROOT / "notebooks" / "runs" / f"four-cards-{capped_job}.stop").unlink()  # capped's, left for a resume by hand
 
 
+def _hex(address: str) -> str:
+    """An IPv4 address as /proc/net/tcp writes it (in the machine's byte order: reversed on x86 and ARM)."""
+    import socket
+
+    return socket.inet_aton(address)[::-1].hex().upper() if sys.byteorder == "little" else socket.inet_aton(address).hex().upper()
+
+
+def _listens_on_port(pid: int, port: int) -> bool:
+    """Whether anything in the network namespace of process `pid` listens on TCP `port` (its own /proc/net tables)."""
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                return True
+    return False
+
+
+@pytest.mark.slow
+def test_lesson_12s_batch_file_on_nodes_at_two_addresses_has_one_store_host(tmp_path):
+    """A real cluster's nodes are machines at addresses of their own. As root, the practice cluster gives each node
+    and the controller one (a network namespace each, joined by a bridge, this machine being the login node):
+    every daemon listens on its own address; lesson 12's file, unchanged, trains on both nodes; the rendezvous
+    store listens on the first node alone, at its address (the agents' store, not the ranks'); and a job whose
+    port is taken on its first node fails at once, in one sentence. With loopback alone, both agents would count
+    as the host and the loser would quietly connect to the winner: this is the path a real cluster takes."""
+    if os.geteuid() != 0:
+        pytest.skip("nodes at addresses of their own need root (network namespaces); CI runs as root")
+    with practice_cluster(nodes=2, folder=tmp_path / "cluster", own_addresses=True) as cluster:
+        addresses = cluster.addresses
+        assert len({addresses["controller"], addresses["n1"], addresses["n2"]}) == 3
+        assert {name: _listening(pid) for name, pid in cluster.pids.items() if name != "munged"} == {
+            "slurmctld": {_hex(addresses["controller"])}, "slurmd n1": {_hex(addresses["n1"])},
+            "slurmd n2": {_hex(addresses["n2"])}}
+        job = _submit(cluster, tmp_path, "two addresses", 2, "slow_epochs:build_datasets_slow")
+        _wait_until(lambda: "starting fresh" in _read(tmp_path / "two addresses.out"), "the training started", bound=120)
+        port = 20000 + int(job) % 10000  # both agents have joined the rendezvous: each has its store or its client
+        hosts = {node: _listens_on_port(cluster.pids[f"slurmd {node}"], port) for node in ("n1", "n2")}
+        state = _finished(cluster, job)
+        log = (tmp_path / "two addresses.out").read_text()
+        assert "JobState=COMPLETED" in state and "NodeList=n[1-2]" in state, (state, log[-3000:])
+        assert hosts == {"n1": True, "n2": False}, hosts  # exactly one store host: the first node
+        assert "epoch 2/2" in log and "train_any: ddp on 2 CPU processes" in log
+        # a program holds a port on the first node: the job that would listen there fails at once, saying so
+        holder = subprocess.Popen(
+            ["nsenter", f"--net=/var/run/netns/{cluster.namespaces['n1']}", sys.executable, "-c",
+             "import socket; s = socket.socket(); s.bind(('', 0)); s.listen(); print(s.getsockname()[1], flush=True); input()"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            taken = holder.stdout.readline().strip()
+            refused = _submit(cluster, tmp_path, "port taken", 2, "crash_once:build_datasets", RDZV_PORT=taken)
+            state = _finished(cluster, refused)
+        finally:
+            holder.kill()
+            holder.wait()
+        log = (tmp_path / "port taken.out").read_text()
+        assert "JobState=FAILED" in state and "ExitCode=1:0" in state, (state, log)
+        assert f"port {taken} is taken on n1, the first node, where the rendezvous must listen" in log
+        assert "torchrun" not in log and "Traceback" not in log  # it stopped before any torchrun started
+    assert not any(namespace in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+                   for namespace in cluster.namespaces.values())  # `down` removed the network
+
+
 def _meminfo_mb() -> int:
     return int(Path("/proc/meminfo").read_text().split("MemTotal:")[1].split()[0]) // 1024
 
