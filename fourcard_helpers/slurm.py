@@ -428,9 +428,10 @@ def _make_network(folder: Path, first_job_id: int, nodes: list[str]) -> tuple[di
     slurmctld (NoCtldInAddrAny) and `srun` (NoInAddrAny) listen there, and gloo finds its interface by it.
     Needs root (`ip netns`).
     Returns the addresses and the namespaces, of "controller" and of each node."""
-    if os.geteuid() != 0 or program("ip") is None:
-        raise ClusterError("each node's own address needs root and the `ip` program (network namespaces): run `up` "
-                           "as root, or without --own-addresses, where every node has the address 127.0.0.1.")
+    if os.geteuid() != 0 or not all(map(program, ("ip", "nsenter", "unshare"))):
+        raise ClusterError("each node's own address needs root and the programs `ip`, `nsenter` and `unshare` (network "
+                           "namespaces; Debian's iproute2 and util-linux): run `up` as root, or without --own-addresses, "
+                           "where every node has the address 127.0.0.1.")
     bridge, namespaces = _network_names(first_job_id, nodes)
     k = (first_job_id - 1) // JOB_ID_BLOCK
     _remove_network(bridge, namespaces)  # what a cluster of this block left when it was killed without `down`
