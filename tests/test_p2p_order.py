@@ -1,4 +1,4 @@
-"""The send/recv references of lessons 06 and 07 cannot wait for ever on NCCL.
+"""The send/recv references of lessons 06 and 07, and lesson 14's rings, cannot wait for ever on NCCL.
 
 gloo lets a send finish before its receive is posted; NCCL may not, and runs a rank's point-to-point
 operations in the order they were started. So the references are replayed here, one thread per rank,
@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 
+from fourcard_helpers import ring as ring_lesson
 from fourcard_helpers.solutions import pipeline, ring
 
 LIMIT_SECONDS = 20.0  # a run that finishes takes milliseconds
@@ -150,3 +151,49 @@ def test_the_ring_reference_cannot_wait_for_ever_on_nccl(world: int, length: int
                                                                           + rank))
     expected = sum(torch.arange(length, dtype=torch.float64) + rank for rank in range(world))
     assert all(torch.equal(result, expected) for result in results)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_the_lean_ring_attention_cannot_wait_for_ever_on_nccl(world: int) -> None:
+    """Lesson 14's two rings, forward and backward, replayed with NCCL's order: the lean ring posts a block's keys and
+    values while the gradients it posted a step earlier may still be travelling. Every rank finishes, each ring equal
+    to one card's attention in float64."""
+    length, heads, d = 8 * world, 2, 4
+    torch.manual_seed(0)
+    q, k, v, grad_out = (torch.randn(heads, length, d, dtype=torch.float64) for _ in range(4))
+    whole = [t.clone().requires_grad_() for t in (q, k, v)]
+    (torch.nn.functional.scaled_dot_product_attention(*whole, is_causal=True) * grad_out).sum().backward()
+
+    def run(namespace: dict, rank: int) -> list[list[torch.Tensor]]:
+        mine = torch.cat(namespace["chunk_positions"](rank, world, length, True))
+        results = []
+        for attention in (namespace["LeanRingAttention"].apply, namespace["ring_attention"]):
+            parts = [t[:, mine].clone().requires_grad_() for t in (q, k, v)]
+            out = attention(*parts, length, True)
+            (out * grad_out[:, mine]).sum().backward()
+            results.append([mine, out.detach()] + [t.grad for t in parts])
+        return results
+
+    expected = [torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)] + [t.grad for t in whole]
+    for rank_results in replay(inspect.getsource(ring_lesson), world, run):
+        for mine, out, *grads in rank_results:
+            for got, want in zip([out, *grads], expected):
+                assert (got - want[:, mine]).abs().max() <= 1e-12
+
+
+def test_the_replay_catches_a_lean_ring_whose_gradients_stay_away() -> None:
+    """The check can fail: a lean ring that forgets to add the gradients coming home misses one card's dK and dV."""
+    source = inspect.getsource(ring_lesson)
+    broken = source.replace("own = own + gradients_arriving()", "own = own + 0 * gradients_arriving()")
+    assert broken != source
+    q, k, v = (torch.randn(2, 16, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(s)) for s in range(3))
+    whole = [t.clone().requires_grad_() for t in (k, v)]
+    torch.nn.functional.scaled_dot_product_attention(q, *whole, is_causal=True).sum().backward()
+
+    def run(namespace: dict, rank: int) -> float:
+        mine = torch.cat(namespace["chunk_positions"](rank, 2, 16, True))
+        parts = [t[:, mine].clone().requires_grad_() for t in (q, k, v)]
+        namespace["LeanRingAttention"].apply(*parts, 16, True).sum().backward()
+        return max((p.grad - w.grad[:, mine]).abs().max().item() for p, w in zip(parts[1:], whole))
+
+    assert min(replay(broken, 2, run)) > 1e-3
