@@ -35,11 +35,12 @@ from pathlib import Path
 from typing import Any
 
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.error import UsageError
+from IPython.core.magic_arguments import MagicHelpFormatter, argument, kwds, magic_arguments, parse_argstring
 
 from . import check, language
 from .cards import CardsError
-from .language import _
+from .language import N_, _
 from .launch import LaunchError, LaunchResult, torchrun
 from .ranks import RankSessionError, RanksMagics
 
@@ -47,25 +48,44 @@ from .ranks import RankSessionError, RanksMagics
 _solution_numbers = itertools.count(1)  # one linecache name per %%solution run
 
 
+class CatalogHelp(MagicHelpFormatter):
+    """A magic's help in the learner's language as it is shown, not as it was when the extension
+    loaded: the description and each option's help are catalog entries (N_()), translated here,
+    while the help is written. argparse's own words ("options", its error messages) stay its own."""
+
+    def _get_help_string(self, action: Any) -> str | None:
+        return _(action.help) if action.help else action.help
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return super()._fill_text(_(text), width, indent)
+
+
 @magics_class
 class TorchrunMagics(Magics):
     """Holds the `%%torchrun` magic."""
 
     @magic_arguments()
-    @argument("-n", "--nproc", type=int, default=4, help="ranks to start (per node; default 4)")
-    @argument("--nnodes", type=int, default=1, help="torchrun agents to start on this machine, one per node")
-    @argument("--max-restarts", type=int, default=0, help="times torchrun restarts every rank after a failure")
-    @argument("--timeout", type=float, default=600, help="seconds before every rank is stopped")
-    @argument("--save", default=None, help="also write the script to this file and run it from there")
-    @argument("--result", default=None, help="store the LaunchResult under this name")
-    @argument("--no-doctor", action="store_true", help="do not check the script for data-parallel mistakes")
+    @kwds(formatter_class=CatalogHelp, description=N_("Run the cell as a script on N ranks with torchrun; everything "
+                                                      "after `--` goes to the script."))
+    @argument("-n", "--nproc", type=int, default=4, help=N_("ranks to start (per node; default 4)"))
+    @argument("--nnodes", type=int, default=1, help=N_("torchrun agents to start on this machine, one per node"))
+    @argument("--max-restarts", type=int, default=0, help=N_("times torchrun restarts every rank after a failure"))
+    @argument("--timeout", type=float, default=600, help=N_("seconds before every rank is stopped"))
+    @argument("--save", default=None, help=N_("also write the script to this file and run it from there"))
+    @argument("--result", default=None, help=N_("store the LaunchResult under this name"))
+    @argument("--no-doctor", action="store_true", help=N_("do not check the script for data-parallel mistakes"))
     @cell_magic
     def torchrun(self, line: str, cell: str) -> LaunchResult | None:
-        """Run the cell as a script on N ranks with torchrun; everything after `--` goes to the script."""
+        """Run the cell as a script on N ranks with torchrun (its help is the parser's: see getdoc below)."""
         __tracebackhide__ = True  # noqa: F841
         words = shlex.split(line)
         script_args = words[words.index("--") + 1:] if "--" in words else []
-        options = parse_argstring(self.torchrun, shlex.join(words[: words.index("--")] if "--" in words else words))
+        try:
+            options = parse_argstring(self.torchrun,
+                                      shlex.join(words[: words.index("--")] if "--" in words else words))
+        except UsageError as error:  # argparse's own words, then where the options are explained
+            raise UsageError(_("%%torchrun: {error}. `%%torchrun?` shows its options and what each does.").format(
+                error=error)) from None
         script: str | Path = cell
         if options.save:
             path = Path(options.save)
@@ -86,6 +106,10 @@ class TorchrunMagics(Magics):
         if options.result:
             self.shell.user_ns[options.result] = result
         return result
+
+    # `%%torchrun?` asks IPython's getdoc(), which calls an object's getdoc() first: the help written
+    # now, in the language of now (the docstring magic_arguments wrote at import is in the language of then).
+    torchrun.getdoc = torchrun.parser.format_help  # type: ignore[attr-defined]
 
     @line_magic
     def fourcards_lang(self, line: str) -> None:

@@ -615,3 +615,35 @@ def test_without_the_line_the_kernel_speaks_as_before(english_machine) -> None:
     cards = launch.detect(2)
     assert "FOURCARDS_LANG" not in launch.rank_environment(cards, Path("run"), "cell.py", None)
     assert cards.describe().startswith("2 simulated cards (CPU processes, gloo)")
+
+
+def test_the_launchers_help_and_argument_errors_follow_the_language_when_shown(english_machine) -> None:
+    """`%%torchrun?` and a wrong option speak the language of the moment they are shown, not of the
+    extension's load: one shell, English first, then Chinese after the notebook's line (argparse's
+    own words stay argparse's)."""
+    from IPython.core.error import UsageError
+    from IPython.core.interactiveshell import InteractiveShell
+
+    english_machine()
+    shell = InteractiveShell.instance()
+
+    def shown() -> tuple[str, str]:
+        help_text = shell.object_inspect_mime("%%torchrun")["text/plain"]
+        with pytest.raises(UsageError) as error:
+            shell.run_cell_magic("torchrun", "-n four", "raise NotImplementedError\n")
+        return help_text, str(error.value)
+
+    try:
+        shell.run_cell(translate.LOAD_EXTENSION, store_history=False).raise_error()
+        help_text, error = shown()
+        assert "ranks to start (per node; default 4)" in help_text and "要启动" not in help_text
+        assert error == ("%%torchrun: argument -n/--nproc: invalid int value: 'four'. "
+                         "`%%torchrun?` shows its options and what each does.")
+        shell.run_line_magic("fourcards_lang", "zh")
+        help_text, error = shown()
+        assert "用 torchrun 把这个单元格当作脚本" in help_text
+        assert "要启动的 rank 数（每个节点；默认 4）" in help_text and "ranks to start" not in help_text
+        assert error == ("%%torchrun：argument -n/--nproc: invalid int value: 'four'。"
+                         "`%%torchrun?` 会列出它的选项以及每个选项的作用。")
+    finally:
+        InteractiveShell.clear_instance()
