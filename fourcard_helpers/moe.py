@@ -63,7 +63,7 @@ class MoE(nn.Module):
         n_experts = len(self.experts)
         self.counts = torch.bincount(chosen.flatten(), minlength=n_experts)
         shares = self.counts.to(probabilities.dtype) / chosen.numel()      # f: a count, so no gradient flows through it
-        self.aux_loss = n_experts * (shares * probabilities.mean(0)).sum()  # E · Σ f_i · P_i (Switch Transformer)
+        self.aux_loss = n_experts * (shares * probabilities.mean(0)).sum()  # E · Σ f_i · P_i; Switch's for k = 1
         keep = within_capacity(chosen, n_experts, self.capacity_factor)
         self.kept = torch.bincount(chosen[keep], minlength=n_experts)
         out = torch.zeros_like(tokens)

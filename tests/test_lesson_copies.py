@@ -20,8 +20,9 @@ COPIES = [  # (lesson, name, the package's object)
     ("07_model_and_pipeline_parallel", "idle_fraction", schedules.idle_fraction),
     *[("13_gpt_on_four_cards", name, getattr(gpt, name))  # the four-rank scripts import the model and its batches
       for name in ("get_batch", "GPTConfig", "Attention", "MLP", "Block", "GPT", "Checkpointed")],
-    *[("14_long_sequences_and_experts", name, getattr(ring, name))  # the ring scripts import the two rules, the layouts
-      for name in ("attend", "merge", "chunk_positions")],
+    *[("14_long_sequences_and_experts", name, getattr(ring, name))  # the ring scripts import the rules, layouts, rings
+      for name in ("attend", "merge", "chunk_positions", "pass_round", "causal_pairs", "ring_forward", "RingShift",
+                   "ring_attention", "LeanRingAttention")],
     *[("14_long_sequences_and_experts", name, getattr(moe, name))  # the expert-parallel scripts import the layer
       for name in ("within_capacity", "MoE", "expert_parallel")],
 ]

@@ -1,7 +1,8 @@
 """Lesson 14's straggler: the expert-parallel layer's forward and backward, timed on every rank, with the router as
 it starts (roughly even) and tilted toward expert 0 (on rank 0). Reports, for each routing, the rows each rank's
 experts received, and per repeat the step's time and the time of the same expert work done alone, with no
-communication: the step's compute. Float64, as the previous launch."""
+communication: the step's compute. Then the cost model's measurements: all-reduces of 16 KiB to 4 MiB, and an
+all-to-all as an even router's dispatch sends it (each rank's rows, a quarter to each rank). Float64."""
 import os, sys, time, torch, torch.distributed as dist
 from fourcard_helpers import detect, report
 from fourcard_helpers.moe import MoE, expert_parallel
@@ -38,6 +39,19 @@ for routing, tilt in (("as initialised", 0.0), ("skewed", TILT)):
         sync()
         compute.append(time.perf_counter() - start)
     runs[routing] = {"received": received, "step": step[1:], "compute": compute[1:]}
-report(**runs)
+seconds = {}                                        # the cost model's points, then what it is asked to predict
+for what, numbers in [("all-reduce", 2**k // 8) for k in (14, 16, 18, 20, 22)] + [("all-to-all", TOKENS * D)]:
+    buffer, times = torch.ones(numbers, dtype=torch.float64, device=device), []
+    for repeat in range(REPEATS + 1):               # the first is a warm-up, not kept
+        dist.barrier()
+        start = time.perf_counter()
+        if what == "all-reduce":
+            dist.all_reduce(buffer)
+        else:                                       # even splits: a quarter of my rows to each rank, mine included
+            dist.all_to_all_single(torch.empty_like(buffer), buffer)
+        sync()
+        times.append(time.perf_counter() - start)
+    seconds[f"{what} {buffer.nbytes}"] = times[1:]
+report(**runs, seconds=seconds)
 dist.destroy_process_group()
 sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)

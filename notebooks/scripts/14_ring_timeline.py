@@ -1,7 +1,7 @@
 """Ring attention's forward on four ranks, timed: each rank posts the send of the keys and values it holds and the
-receive of the next block, computes on the block it holds, then waits for what is left of the transfer. Causal,
-float32, the sequence cut in consecutive quarters and then balanced. Reports each rank's timeline: (what, start,
-end) in seconds from a common start, what being "compute" or "wait"."""
+receive of the next block, computes on the block it holds, then waits for what is left of the transfer; and, as the
+baseline, computes first and only then sends and waits. Causal, float32, the sequence cut in consecutive quarters and
+balanced. Reports each rank's timelines: (what, start, end) in seconds from a common start, "compute" or "wait"."""
 import os, sys, time, torch, torch.distributed as dist
 from fourcard_helpers import detect, report
 from fourcard_helpers.ring import attend, chunk_positions, merge
@@ -15,8 +15,10 @@ if cards.kind == "cuda":
     torch.cuda.set_device(device)
 torch.manual_seed(0)
 q, k, v = (torch.randn(HEADS, T, HEAD_DIM) for _ in range(3))
-timelines = {}
-for layout in ("consecutive", "balanced", "consecutive", "balanced"):   # the first two warm up; the last two count
+timelines = {"overlapped": {}, "compute, then send": {}}
+runs = [("overlapped", "consecutive"), ("overlapped", "balanced")]   # the first two warm up; the last four count
+for schedule, layout in runs + [(s, l) for s in timelines for l in ("consecutive", "balanced")]:
+    overlap = schedule == "overlapped"
     chunks = chunk_positions(rank, n, T, balanced=layout == "balanced")
     mine = torch.cat(chunks)
     my_q, kv = q[:, mine].to(device), torch.cat([k[:, mine], v[:, mine]]).to(device)
@@ -26,10 +28,11 @@ for layout in ("consecutive", "balanced", "consecutive", "balanced"):   # the fi
     now = lambda: (torch.cuda.current_stream().synchronize() if cards.kind == "cuda" else None,   # the arithmetic's
                    time.perf_counter() - start)[1]                                            # stream, not the transfer's
     for step in range(n):
-        if step < n - 1:                                  # post the transfer first, then compute while it runs
-            incoming = torch.empty_like(kv)
-            transfer = dist.batch_isend_irecv([dist.P2POp(dist.isend, kv, (rank + 1) % n),
+        incoming = torch.empty_like(kv)
+        send = lambda: dist.batch_isend_irecv([dist.P2POp(dist.isend, kv, (rank + 1) % n),
                                                dist.P2POp(dist.irecv, incoming, (rank - 1) % n)])
+        if step < n - 1 and overlap:                      # post the transfer first, then compute while it runs
+            transfer = send()
         their = chunk_positions((rank - step) % n, n, T, balanced=layout == "balanced")
         k_blocks, v_blocks = (t.split([len(c) for c in their], dim=1) for t in kv.chunk(2))
         began = now()
@@ -41,11 +44,11 @@ for layout in ("consecutive", "balanced", "consecutive", "balanced"):   # the fi
         events.append(("compute", began, now()))
         if step < n - 1:
             waited = now()
-            for work in transfer:
+            for work in (transfer if overlap else send()):   # the baseline sends only now, its arithmetic done
                 work.wait()
-            events.append(("wait", waited, now()))        # the part of the transfer the arithmetic did not hide
+            events.append(("wait", waited, now()))        # what the arithmetic did not hide (the baseline: all)
             kv = incoming
-    timelines[layout] = events
+    timelines[schedule][layout] = events
 report(timelines=timelines)
 dist.destroy_process_group()
 sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
