@@ -329,15 +329,22 @@ def code_messages(lesson: Path) -> list[Message]:
 
 
 def translated_code(source: str, chinese: dict[str, str]) -> str:
-    """A code cell with each literal that `chinese` translates (English literal → Chinese literal) replaced."""
+    """A code cell with each literal that `chinese` translates (English literal → Chinese literal)
+    replaced, wherever it is text; never where it is data: a key looked up (`row["cards"]`), a
+    dictionary's key or a value compared keep the English the rest of the lesson uses."""
     tree = _parsed(source)
     if tree is None or not chinese:
         return source
     literals: list[ast.expr] = []
-    def collect(node: ast.AST) -> None:  # every literal, an f-string whole
+    def collect(node: ast.AST) -> None:  # every literal that is text, an f-string whole
         if isinstance(node, ast.JoinedStr) or (isinstance(node, ast.Constant) and isinstance(node.value, str)):
             literals.append(node)
-        else:
+        elif isinstance(node, ast.Subscript):
+            collect(node.value)
+        elif isinstance(node, ast.Dict):
+            for value in node.values:
+                collect(value)
+        elif not isinstance(node, ast.Compare):
             for child in ast.iter_child_nodes(node):
                 collect(child)
     collect(tree)

@@ -70,12 +70,12 @@ def test_a_changed_literal_is_a_new_entry_and_the_old_one_is_kept_obsolete() -> 
     assert merged['"step"', True].msgstr == '"步"' and merged["A cell.", False].msgstr == "一个单元格。"
 
 
-def test_a_translation_replaces_each_occurrence_of_its_literal_and_nothing_else() -> None:
-    source = ('%matplotlib inline\nax.set_title("loss")  # "loss"\nlabels = {"loss": 1}\nprint(labels["loss"], \'loss\')\n'
-              'ax.text(0, 0, f"卡 {k}: {\'a\'}")\n')
+def test_a_translation_replaces_its_literal_where_it_is_text_and_nowhere_else() -> None:
+    source = ('%matplotlib inline\nax.set_title("loss")  # "loss"\nlabels = {"loss": "loss"}\nprint(labels["loss"], \'loss\')\n'
+              'ax.plot(x, label="loss" if kind == "loss" else None)\nax.text(0, 0, f"卡 {k}: {\'a\'}")\n')
     chinese = translate.translated_code(source, {'"loss"': '"损失"', 'f"卡 {k}: {\'a\'}"': 'f"卡 {k}：{\'a\'}"'})
-    assert chinese == ('%matplotlib inline\nax.set_title("损失")  # "loss"\nlabels = {"损失": 1}\nprint(labels["损失"], \'loss\')\n'
-                       'ax.text(0, 0, f"卡 {k}：{\'a\'}")\n')
+    assert chinese == ('%matplotlib inline\nax.set_title("损失")  # "loss"\nlabels = {"loss": "损失"}\nprint(labels["loss"], \'loss\')\n'
+                       'ax.plot(x, label="损失" if kind == "loss" else None)\nax.text(0, 0, f"卡 {k}：{\'a\'}")\n')
 
 
 # -- the Chinese code is the English code, its text translated -----------------------------------
