@@ -37,6 +37,7 @@ def __getattr__(name: str) -> Any:
 
 def load_ipython_extension(ipython: Any) -> None:
     """`%load_ext fourcard_helpers`: register `%%torchrun`, `%ranks` and readable launch errors."""
+    from . import plots  # noqa: F401  (a Chinese figure's font, for lessons that draw without plots' helpers)
     from .magic import register
 
     register(ipython)
