@@ -5,7 +5,8 @@ real cluster is where a day gets lost. Lesson 12's batch file runs here for real
 daemons (`munged` for authentication, `slurmctld` the controller, one `slurmd` per node), each node
 a name with its own port, its share of the machine's cores and memory, and the address 127.0.0.1, on
 which alone the daemons listen (as root, `up --own-addresses` gives the controller and each node an
-address of its own instead, as a real cluster's machines have: see _make_network). Everything is in one
+address of its own instead, as a real cluster's machines have; only the network is separate, the nodes still
+share the hostname, process ids and files: see _make_network). Everything is in one
 folder the learner owns, except munge's socket, which must be open to all (see _munge_dir), and what
 every user's clusters share in /tmp/fourcards-slurm.
 
@@ -530,7 +531,8 @@ def up(nodes: int = 2, folder: Path = DEFAULT_DIR, cpus: int | None = None, gpus
     machine's, `gpu_files()`). The shares are what SLURM gives out, as on a real cluster whose nodes are
     machines of their own: a job asking for more cores or memory than a node has is refused.
     `own_addresses` (root only): each node at an address of its own, in a network namespace of its own
-    (_make_network), as on a real cluster; by default every node has the address 127.0.0.1."""
+    (_make_network), as on a real cluster, though they share hostname, process ids and files; by default every node
+    has the address 127.0.0.1."""
     if missing := missing_programs():
         raise ClusterError(f"this machine lacks {', '.join(missing)}: {INSTALL_HINT}.")
     folder = Path(folder).expanduser().resolve()

@@ -368,11 +368,12 @@ def _listens_on_port(pid: int, port: int) -> bool:
 @pytest.mark.slow
 def test_lesson_12s_batch_file_on_nodes_at_two_addresses_has_one_store_host(tmp_path):
     """A real cluster's nodes are machines at addresses of their own. As root, the practice cluster gives each node
-    and the controller one (a network namespace each, joined by a bridge, this machine being the login node):
+    and the controller one (a network namespace each, joined by a bridge, this machine being the login node; only
+    the network is separate, the nodes still share the hostname, process ids and files):
     every daemon listens on its own address; lesson 12's file, unchanged, trains on both nodes; the rendezvous
     store listens on the first node alone, at its address (the agents' store, not the ranks'); and a job whose
     port is taken on its first node fails at once, in one sentence. With loopback alone, both agents would count
-    as the host and the loser would quietly connect to the winner: this is the path a real cluster takes."""
+    as the host and the loser would quietly connect to the winner: here, as on a real cluster, one node hosts it."""
     if os.geteuid() != 0:
         pytest.skip("nodes at addresses of their own need root (network namespaces); CI runs as root")
     with practice_cluster(nodes=2, folder=tmp_path / "cluster", own_addresses=True) as cluster:
