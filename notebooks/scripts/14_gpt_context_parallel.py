@@ -1,5 +1,5 @@
 """Lesson 13's GPT, one sequence cut head-tail over four ranks, float64, with the lean ring and with section 2's ring.
-Reports the loss, each gradient's gap from one card, the bytes sent, the tensors' bytes after forward and at most."""
+Reports the loss, the gradients' gaps from one card, the bytes sent and held; and a mistake's: positions at 0-127."""
 import copy, os, sys, weakref, torch, torch.distributed as dist, torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from fourcard_helpers import detect, report
@@ -9,7 +9,7 @@ from fourcard_helpers.ring import LeanRingAttention, chunk_positions, ring_atten
 class Meter(TorchDispatchMode):  # every operator passes through here: the bytes each send carries, and the bytes of
     def __init__(self):          # the tensors alive (a storage counted when made, uncounted when freed), and their peak
         super().__init__()
-        self.phase, self.sent, self.live, self.peak, self.alive = "forward", {"forward": 0, "backward": 0}, 0, 0, {}
+        self.phase, self.sent, self.live, self.peak, self.alive, self.left = "forward", dict(forward=0, backward=0), 0, 0, {}, []
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         self.sent[self.phase] += sum(t.nbytes for t in args[0]) if func._opname == "send" else 0
@@ -21,7 +21,6 @@ class Meter(TorchDispatchMode):  # every operator passes through here: the bytes
                 self.peak = max(self.peak, self.live)
                 weakref.finalize(storage, lambda key=id(storage): setattr(self, "live", self.live - self.alive.pop(key)))
         return out
-
 T = 512
 cards = detect(int(os.environ["WORLD_SIZE"]))
 dist.init_process_group(cards.backend)
@@ -31,35 +30,36 @@ if cards.kind == "cuda":
 stream, chars = poem_tokens()
 torch.manual_seed(0)
 one_card = GPT(GPTConfig(vocab_size=len(chars), block_size=T)).to(device, torch.float64)   # the same on every rank
-copies = [copy.deepcopy(one_card) for _ in range(2)]  # one for each ring, made before any gradient
+copies = [copy.deepcopy(one_card) for _ in range(3)]  # one for each run, made before any gradient
 x, y = (t.to(device) for t in get_batch(stream, 1, T, torch.Generator().manual_seed(0)))   # one sequence of T
 (one_card_loss := one_card(x, y)[1]).backward()      # the yardstick: one card, the whole sequence
 mine = torch.cat(chunk_positions(dist.get_rank(), dist.get_world_size(), T, balanced=True)).to(device)   # front, back
 
-def context_parallel_loss(model, attention):          # lesson 13's GPT.forward, on my positions only
-    h = model.tok_embeddings(x[:, mine]) + model.pos_embeddings(mine)   # each token at its place in the sequence
+def context_parallel_loss(model, attention, meter, at):   # lesson 13's GPT.forward, on my positions only
+    h = model.tok_embeddings(x[:, mine]) + model.pos_embeddings(at)   # at = mine: each token at its place
     for block in model.layers:
-        a, z = block.attention, block.attention_norm(h)
-        q, k, v = (w(z).view(1, len(mine), -1, a.head_dim).transpose(1, 2) for w in (a.wq, a.wk, a.wv))
-        h = h + a.wo(attention(q, k, v, T, True).transpose(1, 2).reshape(1, len(mine), -1))
+        a, z, before = block.attention, block.attention_norm(h), meter.live
+        out = attention(*(w(z).view(1, len(mine), -1, a.head_dim).transpose(1, 2) for w in (a.wq, a.wk, a.wv)), T, True)
+        meter.left.append(meter.live - before)        # what q, k, v and the attention left alive for backward
+        h = h + a.wo(out.transpose(1, 2).reshape(1, len(mine), -1))
         h = h + block.mlp(block.mlp_norm(h))
     logits = model.output(model.norm(h))   # my tokens' part of the mean over all T: the four parts add up to the loss
     return F.cross_entropy(logits.flatten(0, 1), y[:, mine].flatten(), reduction="sum") / T
-
 def gaps(model):                                      # each parameter's largest |gap|, as a share of its largest entry
     return {name: ((p.grad - q.grad).abs().max() / q.grad.abs().max()).item()
             for (name, p), q in zip(model.named_parameters(), one_card.parameters())}
 runs = {}
-for model, (ring, attention) in zip(copies, (("lean", LeanRingAttention.apply), ("keeps every block", ring_attention))):
+for model, (ring, attention, at) in zip(copies, (("lean", LeanRingAttention.apply, mine), ("keeps every block",
+        ring_attention, mine), ("lean, positions 0-127", LeanRingAttention.apply, torch.arange(len(mine), device=device)))):
     with Meter() as meter:
-        loss = context_parallel_loss(model, attention)
+        loss = context_parallel_loss(model, attention, meter, at)
         meter.phase, kept = "backward", meter.live    # what forward left for backward
         loss.backward()
     own_part = max(gaps(model).values())              # before the sum over the ranks: far from one card
-    for p in model.parameters():                      # each rank's part of every gradient: added over the ranks
-        dist.all_reduce(p.grad)
-    dist.all_reduce(loss.detach())                    # the four parts of the loss, added
-    runs[ring] = dict(loss=loss.item(), gaps=gaps(model), own_part=own_part, sent=meter.sent, kept=kept, peak=meter.peak)
+    for part in [p.grad for p in model.parameters()] + [loss.detach()]:   # each rank's part of every gradient and
+        dist.all_reduce(part)                                              # of the loss: added over the ranks
+    runs[ring] = dict(loss=loss.item(), gaps=gaps(model), own_part=own_part, sent=meter.sent, kept=kept, peak=meter.peak,
+                      left=meter.left)
 report(one_card_loss=one_card_loss.item(), **runs)
 dist.destroy_process_group()
 sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
