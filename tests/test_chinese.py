@@ -444,7 +444,7 @@ def where(catalog: Path, entry: polib.POEntry) -> str:
 
 def test_the_renderings_by_meaning_are_read() -> None:
     chosen = {term["use"] for term in renderings()["term"]}
-    assert {"显存", "kernel", "数字图像", "对照", "全归约", "批大小", "轮", "激活值", "卡住", "notebook"} <= chosen
+    assert {"显存", "kernel", "数字图像", "对照", "全归约", "批量大小", "轮", "激活值", "卡住", "notebook"} <= chosen
     assert len(renderings()["memory_contexts"]) >= 4 and all(context["why"] for context in renderings()["memory_contexts"])
 
 
