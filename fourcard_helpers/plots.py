@@ -7,9 +7,9 @@ or end the line with `;`.
 
 The words a helper writes itself (a card's name, a timeline's kinds) come in the learner's language
 (language.py). Chinese text needs a font that has its glyphs, which matplotlib's own DejaVu Sans has
-not: where the `zh` extra is installed (its package noto-cjk-sans-otc ships Noto Sans CJK, on disk,
-nothing is downloaded), importing this module adds Noto Sans CJK SC behind matplotlib's default font,
-for the glyphs that font lacks; Latin text is drawn as before.
+not: the course installs noto-cjk-sans-otc, which ships Noto Sans CJK on disk (nothing is
+downloaded), and importing this module adds Noto Sans CJK SC behind matplotlib's default font, for
+the glyphs that font lacks; Latin text is drawn as before.
 """
 from __future__ import annotations
 
@@ -31,9 +31,9 @@ PIPELINE_KINDS = (N_("forward"), N_("backward"), N_("idle"))
 
 
 def use_cjk_font() -> bool:
-    """Add Noto Sans CJK SC as the fallback for glyphs the default font lacks; False where the `zh`
-    extra (noto-cjk-sans-otc, and matplotlib 3.11, the first to read each face of a .ttc) is not
-    installed, and nothing changes."""
+    """Add Noto Sans CJK SC as the fallback for glyphs the default font lacks; False where the font's
+    package (noto-cjk-sans-otc, a dependency) or matplotlib 3.11 (the first to read each face of a
+    .ttc) is missing from an environment made some other way, and nothing changes."""
     try:
         import noto_cjk_sans_otc
     except ImportError:
