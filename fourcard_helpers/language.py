@@ -63,7 +63,10 @@ def for_ranks() -> dict[str, str]:
 
 def _(message: str) -> str:
     """`message` in the learner's language. Read at each call, so that a choice made in a notebook
-    takes effect at once; gettext keeps each catalog it has read."""
+    takes effect at once; gettext keeps each catalog it has read. An empty message stays empty:
+    gettext would return the catalog's header for it."""
+    if not message:
+        return message
     return gettext.translation("fourcard_helpers", LOCALE, languages=languages(), fallback=True).gettext(message)
 
 

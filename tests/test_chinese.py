@@ -554,6 +554,15 @@ def test_sentences_put_together_take_a_space_in_english_only() -> None:
     assert sentences("rank 2 崩溃了。", "可能的原因：", "x") == "rank 2 崩溃了。可能的原因：x"
 
 
+def test_an_empty_label_stays_empty_in_chinese(monkeypatch: pytest.MonkeyPatch) -> None:
+    """plots.timeline() passes every lane and kind through the catalog; gettext answers "" with the
+    catalog's header (its Project-Id-Version...), which a figure would then print."""
+    from fourcard_helpers.language import _
+
+    monkeypatch.setenv("FOURCARDS_LANG", "zh")
+    assert _("") == "" and _("unspecified") != "unspecified"
+
+
 def test_each_chinese_lesson_chooses_chinese_where_the_learner_sees_it() -> None:
     for lesson in LESSONS:
         notebook = json.loads((translate.CHINESE_NOTEBOOKS / lesson.name).read_text(encoding="utf-8"))
