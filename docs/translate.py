@@ -547,6 +547,7 @@ def run(names: list[str]) -> None:
     environment = {name: value for name, value in os.environ.items() if name != "FOURCARDS_LANG"}
     for lesson in chosen:
         path, notebook = CHINESE_NOTEBOOKS / lesson.name, chinese_lesson(lesson)
+        before = path.read_text(encoding="utf-8") if path.exists() else None
         for cell in notebook["cells"]:  # an error stops the run: no output of an earlier run is left
             if cell["cell_type"] == "code":
                 cell["outputs"], cell["execution_count"] = [], None
@@ -559,9 +560,12 @@ def run(names: list[str]) -> None:
         missing = [index for index, cell in enumerate(ran["cells"]) if cell["cell_type"] == "code"
                    and any(MISSING_GLYPH in "".join(output.get("text", "")) for output in cell["outputs"])]
         if done.returncode != 0 or missing:
-            _write(path, built_lesson(lesson))  # back to the state before the run
-            raise SystemExit(f"{path.relative_to(ROOT)}: " + (f"a glyph is missing from the fonts in cells {missing} "
-                             "(install the zh extra: pip install -e '.[zh]')" if missing else "the run failed"))
+            # back to the state before the run, an earlier run's outputs included
+            path.write_text(before, encoding="utf-8") if before is not None else _write(path, built_lesson(lesson))
+            raise SystemExit(f"{path.relative_to(ROOT)}: " + (
+                f"a glyph is missing from the fonts in cells {missing} (the Chinese font comes with the course: "
+                "reinstall it with pip install -e . , which brings noto-cjk-sans-otc and matplotlib 3.11 or newer)"
+                if missing else "the run failed"))
         ran["metadata"][RAN] = code_digest(notebook)
         path.write_text(notebook_text(ran), encoding="utf-8")
         _write(path, built_lesson(lesson))
