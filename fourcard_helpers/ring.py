@@ -46,9 +46,11 @@ def chunk_positions(rank: int, n: int, length: int, balanced: bool) -> list[torc
 def pass_round(x: torch.Tensor, to: int = 1) -> Callable[[], torch.Tensor]:
     """Start sending `x` to the rank `to` places on round the ring and receiving what the rank `to` places back sends;
     return a function that waits for both and gives what arrived. The send and the receive are posted together,
-    before either is waited for, so every rank can send while it receives (on NCCL, as one group)."""
+    before either is waited for, so every rank can send while it receives (on NCCL, as one group); whatever runs
+    between this call and the wait overlaps the transfer. gloo and NCCL move contiguous memory only, so the block is
+    sent contiguous and received into a contiguous buffer (`empty_like` alone would copy a transposed `x`'s strides)."""
     rank, n = dist.get_rank(), dist.get_world_size()
-    arrived = torch.empty_like(x)
+    arrived = torch.empty_like(x, memory_format=torch.contiguous_format)
     requests = dist.batch_isend_irecv([dist.P2POp(dist.isend, x.contiguous(), (rank + to) % n),
                                        dist.P2POp(dist.irecv, arrived, (rank - to) % n)])
 
@@ -68,15 +70,17 @@ def causal_pairs(mine: list[torch.Tensor], theirs: list[torch.Tensor]) -> list[t
 def ring_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, length: int, balanced: bool,
                  shift: Callable[[torch.Tensor], Callable[[], torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
     """Causal ring attention of this rank's queries to the whole sequence: the output and its log-sum-exp. `q`, `k`,
-    `v` (..., positions, d) hold this rank's chunks of `chunk_positions`, side by side; `shift(kv)` starts passing
-    the block held on round the ring and returns a function that waits for the next block."""
+    `v` (..., positions, d) hold this rank's chunks of `chunk_positions`, side by side; `shift(kv)` is called before
+    a block's arithmetic and returns a function, called after it, that gives the next block. Whether the transfer
+    overlaps the arithmetic is the shift's: `pass_round` posts it at once; `ring_attention`'s posts and waits only
+    when the next block is asked for, after the arithmetic."""
     rank, n = dist.get_rank(), dist.get_world_size()
     mine = [c.to(q.device) for c in chunk_positions(rank, n, length, balanced)]
     outs, lses = [None] * len(mine), [None] * len(mine)
     qs = q.split([len(c) for c in mine], dim=-2)
     kv = torch.stack([k, v])                              # keys and values travel together, as one message
     for step in range(n):
-        arriving = shift(kv) if step < n - 1 else None   # the next block travels while this one is computed
+        arriving = shift(kv) if step < n - 1 else None   # pass_round: the next block travels during this arithmetic
         theirs = [c.to(q.device) for c in chunk_positions((rank - step) % n, n, length, balanced)]
         ks, vs = (t.split([len(c) for c in theirs], dim=-2) for t in kv)
         for i, j in causal_pairs(mine, theirs):
@@ -88,7 +92,8 @@ def ring_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, length: int,
 
 class RingShift(torch.autograd.Function):
     """Section 2's shift: forward passes a block on round the ring; backward sends its gradient back where it came
-    from. Autograd keeps every block that arrives, for backward."""
+    from. Each direction posts its send and receive and waits for both in one call, so no arithmetic runs during
+    the transfer. Autograd keeps every block that arrives, for backward."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor) -> torch.Tensor:
@@ -101,7 +106,9 @@ class RingShift(torch.autograd.Function):
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, length: int, balanced: bool) -> torch.Tensor:
     """Section 2's ring as a function: autograd keeps, for backward, every block of keys and values that arrives and
-    every block's scores and probabilities."""
+    every block's scores and probabilities. Its transfers do not overlap its arithmetic: `RingShift` runs when the
+    next block is asked for, after the block at hand has been computed with (section 2's timeline shows the
+    overlapped schedule)."""
     return ring_forward(q, k, v, length, balanced, lambda kv: lambda: RingShift.apply(kv))[0]
 
 
@@ -148,5 +155,6 @@ class LeanRingAttention(torch.autograd.Function):
                 gradients_arriving = pass_round(dkv)         # they follow their block; after the last rank, home
             if arriving is not None:
                 kv = arriving()
-        own = own + gradients_arriving()
+        if n > 1:
+            own = own + gradients_arriving()                 # the other ranks' parts, home after the last rank
         return dq, own[0], own[1], None, None
