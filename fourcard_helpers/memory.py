@@ -11,6 +11,7 @@ from functools import partial
 
 import torch
 import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
@@ -103,8 +104,8 @@ class LiveTensorBytes(TorchDispatchMode):
     mode was entered count only once passed to `track` (the parameters, say). FSDP2 frees and refills its gathered
     weights by resizing their storage in place, which no operation reports, so every storage's size is read again
     after each operation. Operations on tensor subclasses (DTensor) are left to the subclass (NotImplemented): the
-    plain operations it runs come here. Left out: the allocator's rounding and caching, and what a library holds
-    outside tensors (gloo's buffers)."""
+    plain operations it runs come here; those on fake tensors (DTensor's shape inference) are run and not counted.
+    Left out: the allocator's rounding and caching, and what a library holds outside tensors (gloo's buffers)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -129,6 +130,8 @@ class LiveTensorBytes(TorchDispatchMode):
         self.current -= self._storages.pop(key)[1]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if any(issubclass(t, FakeTensor) for t in types):  # DTensor infers shapes on fake tensors: they hold no bytes
+            return func(*args, **(kwargs or {}))
         if any(t not in (torch.Tensor, torch.nn.Parameter) for t in types):
             return NotImplemented  # a subclass (DTensor) first: the plain operations it runs come back here
         out = func(*args, **(kwargs or {}))

@@ -85,3 +85,17 @@ def test_live_bytes_follow_a_storage_resized_in_place() -> None:
         torch.zeros(1)
         refilled = live.current
     assert (freed, refilled, live.peak) == (0, 4 * MiB, 4 * MiB + 4)   # the one-number results are dropped at once
+
+
+def test_live_bytes_let_fake_tensors_through_and_count_none() -> None:
+    """DTensor infers the shapes of its results by running operations on fake tensors (FakeTensor), with no fake mode
+    active; under LiveTensorBytes those operations must run (FSDP2 and parallelize_module do this while they set a
+    model up) and count nothing: a fake tensor holds no memory."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    from fourcard_helpers.memory import LiveTensorBytes
+
+    fake = FakeTensorMode().from_tensor(torch.ones(MiB))
+    with LiveTensorBytes() as live:
+        total = (fake + fake).sum()
+    assert isinstance(total, FakeTensor) and (live.current, live.peak) == (0, 0)
