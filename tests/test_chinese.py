@@ -374,7 +374,7 @@ def test_an_exercise_check_speaks_chinese_when_asked(monkeypatch: pytest.MonkeyP
         check.exercise("sum", attempt)
     english, chinese = capsys.readouterr().out.splitlines()
     assert english == "✗ sum: not yet. your answer: differs from the expected value by up to 0.5 (tolerance 1e-06 + 1e-05·|x|)"
-    assert chinese == "✗ sum：还不对。你的答案：与期望值最多相差 0.5（容差 1e-06 + 1e-05·|x|）"
+    assert chinese == "✗ sum——还不对。你的答案：与期望值最多相差 0.5（容差 1e-06 + 1e-05·|x|）"
 
 
 def asserted_strings(source: str) -> list[str]:
@@ -532,7 +532,7 @@ def test_every_exercise_title_has_its_chinese_and_a_verdict_uses_it(monkeypatch:
 
     monkeypatch.setenv("FOURCARDS_LANG", "zh")
     check.exercise("Exercise 1: the all-reduced total", not_attempted)
-    assert capsys.readouterr().out.startswith("○ 练习 1：全归约后的总和：还没有作答。")
+    assert capsys.readouterr().out.startswith("○ 练习 1：全归约后的总和——还没有作答。")
 
 
 # -- the Chinese notebook speaks Chinese by itself ----------------------------------------------
@@ -602,7 +602,7 @@ def test_the_first_cell_of_a_chinese_lesson_makes_the_kernel_speak_chinese(
     try:
         shell.run_cell(translate.LOAD_EXTENSION + translate.SPEAK_CHINESE, store_history=False).raise_error()
         check.exercise("Exercise 1: the all-reduced total", lambda: (_ for _ in ()).throw(NotImplementedError))
-        assert capsys.readouterr().out == "○ 练习 1：全归约后的总和：还没有作答。请在上面写下你的答案，再运行一次这个单元格。\n"
+        assert capsys.readouterr().out == "○ 练习 1：全归约后的总和——还没有作答。请在上面写下你的答案，再运行一次这个单元格。\n"
         cards = launch.detect(2)
         assert launch.rank_environment(cards, Path("run"), "cell.py", None)["FOURCARDS_LANG"] == "zh"
         assert "张模拟卡（CPU 进程，gloo）" in cards.describe()
