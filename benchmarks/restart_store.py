@@ -26,7 +26,8 @@ from pathlib import Path
 
 import torch
 
-from fourcard_helpers.launch import LaunchError, RESTART_ENV, torchrun
+from fourcard_helpers.launch import LaunchError, torchrun
+from fourcard_helpers.rundir import OWN_STORE_ENV as RESTART_ENV
 
 SCRIPT = """
 import os

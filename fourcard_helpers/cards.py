@@ -6,13 +6,12 @@ state it in its output instead of branching on it.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 
 from .language import _
-from .rundir import DEVICE_ENV
+from .rundir import DEVICE_ENV, setting, setting_name
 
 CHOICES = ("auto", "cpu", "cuda")
 
@@ -49,8 +48,8 @@ class Cards:
 
 
 def requested() -> str:
-    """The user's choice from FOURCARD_DEVICE (auto when unset)."""
-    choice = os.environ.get(DEVICE_ENV, "auto").strip().lower() or "auto"
+    """The user's choice from FOURCARDS_DEVICE (auto when unset)."""
+    choice = setting(DEVICE_ENV, "auto").lower() or "auto"
     if choice not in CHOICES:
         raise CardsError(_("{setting}={choice} is not understood: use one of {choices} (auto picks GPUs when there "
                            "are enough, else simulated cards).").format(setting=DEVICE_ENV, choice=repr(choice),
@@ -61,8 +60,8 @@ def requested() -> str:
 def detect(nproc: int = 4) -> Cards:
     """Decide what `nproc` ranks run on: real GPUs when at least `nproc` are visible.
 
-    FOURCARD_DEVICE=cpu forces simulated cards (useful on a one-GPU box: NCCL needs one
-    GPU per rank); FOURCARD_DEVICE=cuda insists on GPUs and fails clearly without them.
+    FOURCARDS_DEVICE=cpu forces simulated cards (useful on a one-GPU box: NCCL needs one
+    GPU per rank); FOURCARDS_DEVICE=cuda insists on GPUs and fails clearly without them.
     """
     if nproc < 1:
         raise CardsError(_("nproc must be at least 1, got {nproc}.").format(nproc=nproc))
@@ -79,7 +78,7 @@ def detect(nproc: int = 4) -> Cards:
                                         "with {setting}=cpu.")).format(nproc=nproc, gpus=gpus, setting=DEVICE_ENV))
         return Cards("cuda", nproc, "nccl", names, _("GPUs found"))
     if choice == "cpu":
-        reason = f"{DEVICE_ENV}=cpu"
+        reason = f"{setting_name(DEVICE_ENV)}=cpu"  # the name the learner set
     elif gpus == 0:
         reason = _("no GPU found")
     else:

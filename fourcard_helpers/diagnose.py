@@ -119,9 +119,15 @@ def _raised(rank: int, nproc: int, error: dict[str, Any], simulated: bool, tail:
                     rank=rank, nproc=nproc, code=error["exitcode"], message=error["message"])
                 + "\n" + last_output(tail) + f"\n{error['traceback']}")
     hint = hint_for(f"{error['type']}: {error['message']}", simulated)
-    text = _("rank {rank} of {nproc} raised {error}").format(
-        rank=rank, nproc=nproc, error=f"{error['type']}: {error['message']}") + f"\n\n{error['traceback']}"
-    return text + (f"\n{hint}\n" if hint else "") + _followed(rank)
+    return raised(rank, nproc, error) + (f"\n{hint}\n" if hint else "") + _followed(rank)
+
+
+def raised(rank: int, nproc: int, error: dict[str, Any]) -> str:
+    """The one telling of an error record (reporting.error_record), a launch's rank's or a warm session's:
+    which rank, what it raised, and its traceback."""
+    return (_("rank {rank} of {nproc} raised {error}").format(
+        rank=rank, nproc=nproc, error=f"{error['type']}: {error['message']}")
+            + (f"\n\n{error['traceback']}" if error["traceback"] else ""))
 
 
 def _crashed(rank: int, nproc: int, stack: str, signal_name: str | None, tail: str) -> str:

@@ -22,11 +22,12 @@ its placeholders, so a translation can put them where its grammar wants them.
 from __future__ import annotations
 
 import gettext
-import os
 from pathlib import Path
 
+from .rundir import LANG_ENV, setting
+
 LOCALE = Path(__file__).resolve().parent / "locale"
-SETTING = "FOURCARDS_LANG"
+SETTING = LANG_ENV  # the setting's name, for the tests and docs/translate.py
 CHINESE = ("zh", "zh_cn", "zh_hans")
 
 _notebook_choice: str | None = None  # what the notebook chose with %fourcards_lang (see magic.py)
@@ -45,7 +46,7 @@ def choose(language: str | None) -> None:
 
 def chosen() -> str | None:
     """FOURCARDS_LANG where it is set, else the notebook's choice; None: the locale decides."""
-    return os.environ.get(SETTING, "").strip() or _notebook_choice
+    return setting(LANG_ENV) or _notebook_choice
 
 
 def languages() -> list[str] | None:

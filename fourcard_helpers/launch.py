@@ -38,26 +38,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from . import language
+from . import agent, language
 from .cards import Cards, detect
 from .diagnose import Ending, LaunchError, diagnose
 from .doctor import examine
 from .language import _
-from .lifecycle import KernelPipe, marked_processes, stop
+from .lifecycle import FAIL_FAST_SECONDS, POLL_SECONDS, KernelPipe, carries, environment, free_ports, marked_processes, stop
 from .reporting import REPO_ROOT, shorten_paths
-from .rundir import (DEVICE_ENV, DOCTOR, DOCTOR_ENV, ERROR, LABEL_ENV, LAUNCHER_ENV, PID, REPORT, RUN_DIR_ENV, STDERR,
-                     STDOUT, RunDir, rank_prefix)
+from .rundir import (CELL, DEVICE_ENV, DOCTOR, DOCTOR_ENV, ERROR, GLOO_INTERFACE_ENV, INIT_BARRIER_ENV, LABEL_ENV,
+                     LAUNCHER_ENV, MPL_BACKEND_ENV, OWN_STORE_ENV, PYTHONPATH_ENV, RENAMED, RUN_DIR_ENV, STDERR, STDOUT,
+                     THREADS_ENV, TORCHRUN_LOGS, UNBUFFERED_ENV, VISIBLE_GPUS_ENV, ReportReader, RunDir, rank_prefix)
 
 __all__ = ["torchrun", "LaunchResult", "LaunchError", "leftover_processes", "rank_pids", "rank_environment"]
 
-# torchrun's agent shares its rendezvous TCP store with the ranks; after an elastic restart,
-# gloo launches here did not all come back with it (benchmarks/restart_store.py; for NCCL see
-# pytorch/pytorch#135712). With this set, each round of the rendezvous gives the ranks a store
-# of their own.
-RESTART_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
-POLL_SECONDS = 0.05  # how often rank output is forwarded; small against a 5 s launch
-GRACE_SECONDS = 3.0  # how long torchrun gets to stop its ranks before we kill them
-FAIL_FAST_SECONDS = 5.0  # after a rank raised, how long torchrun gets to notice
 
 
 @dataclass
@@ -98,19 +91,21 @@ def leftover_processes(launcher_pid: int | None = None) -> list[int]:
 def rank_pids(launcher_pid: int | None = None) -> dict[int, int]:
     """{global rank: pid} of the rank processes that launches from this process run now.
 
-    What `py-spy dump --pid` and `kill -USR1` need to look inside a launch while it waits (lesson 12),
-    found as a learner would find them with `ps` in a second terminal: the rank processes among
-    `leftover_processes()`, each with the RANK torchrun gave it."""
+    What `py-spy dump --pid` and `kill -USR1` need to look inside a launch while it waits (lesson 12):
+    each running launch's run folder (named in the environment of its processes, `leftover_processes()`)
+    records every rank's pid (rundir.py), and a recorded pid counts while its process still carries
+    that folder's name."""
+    folders = {env.get(RUN_DIR_ENV) for pid in leftover_processes(launcher_pid) if (env := environment(pid))}
     ranks = {}
-    for pid in leftover_processes(launcher_pid):
-        try:
-            if b"fourcard_helpers.worker" not in Path(f"/proc/{pid}/cmdline").read_bytes():
-                continue  # a torchrun agent, not a rank
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            ranks[int(next(item[5:] for item in environ if item.startswith(b"RANK=")))] = pid
-        except (OSError, StopIteration, ValueError):
-            continue  # it ended while we looked
-    return ranks
+    for folder in sorted(filter(None, folders)):
+        ranks.update(_running_ranks(RunDir(folder)))
+    return dict(sorted(ranks.items()))
+
+
+def _running_ranks(run: RunDir) -> dict[int, int]:
+    """{rank: pid} of the ranks of the launch in `run` that still run: a pid from the records, while
+    its process carries the launch's folder (after it ended, the number may be another process's)."""
+    return {rank: pid for rank, pid in run.pids().items() if carries(pid, RUN_DIR_ENV, str(run.path))}
 
 
 def _loopback_interface() -> str | None:
@@ -124,25 +119,24 @@ def rank_environment(cards: Cards, run_dir: Path, label: str, extra: Mapping[str
     env = dict(os.environ)
     env.update(
         {
-            "PYTHONUNBUFFERED": "1",  # lines reach the notebook as they are printed
-            "OMP_NUM_THREADS": str(max(1, cores // cards.count)),  # share cores, do not fight
+            UNBUFFERED_ENV: "1",  # lines reach the notebook as they are printed
+            THREADS_ENV: str(max(1, cores // cards.count)),  # share cores, do not fight
             DEVICE_ENV: cards.kind,  # every rank makes the kernel's choice of cards
-            "MPLBACKEND": "Agg",  # the kernel's inline backend does not exist in a rank
+            # and under its old name too, for a script of the learner's that still reads it (rundir.RENAMED)
+            RENAMED[DEVICE_ENV]: cards.kind,
+            MPL_BACKEND_ENV: "Agg",  # the kernel's inline backend does not exist in a rank
             RUN_DIR_ENV: str(run_dir),
             LAUNCHER_ENV: str(os.getpid()),  # lets leftover_processes() find what we started
             LABEL_ENV: label,
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
-            # init_process_group is not a meeting on gloo: a rank whose connections are made may run on and
-            # exit while a slower one still connects to it, which then fails ("Gloo connectFullMesh failed
-            # ... Connection closed by peer"). A script with a collective meets there anyway; one without
-            # (init, report, destroy) failed so, now and then, on a busy machine. PyTorch's own switch makes
-            # init end with a barrier on the rendezvous store, which outlives the ranks.
-            "TORCH_DIST_INIT_BARRIER": os.environ.get("TORCH_DIST_INIT_BARRIER", "1"),
+            PYTHONPATH_ENV: os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get(PYTHONPATH_ENV)])),
+            # A script with a collective meets there anyway; one without (init, report, destroy) failed
+            # so, now and then, on a busy machine (rundir.INIT_BARRIER_ENV).
+            INIT_BARRIER_ENV: os.environ.get(INIT_BARRIER_ENV, "1"),
         }
     )
     loopback = _loopback_interface()
-    if cards.kind == "cpu" and loopback and "GLOO_SOCKET_IFNAME" not in os.environ:
-        env["GLOO_SOCKET_IFNAME"] = loopback  # simulated cards talk over loopback only
+    if cards.kind == "cpu" and loopback and GLOO_INTERFACE_ENV not in os.environ:
+        env[GLOO_INTERFACE_ENV] = loopback  # simulated cards talk over loopback only
     env.update(language.for_ranks())  # a rank speaks as the notebook does (language.py)
     env.update(extra or {})
     return env
@@ -184,19 +178,9 @@ def _script_file(script: str | Path, run_dir: Path) -> tuple[Path, str]:
             raise FileNotFoundError(_("script {path} not found (relative paths start at {folder}/)").format(
                 path=path, folder=Path.cwd().name))
         return path, str(script)
-    path = run_dir / "cell.py"
+    path = RunDir(run_dir).part(CELL)
     path.write_text(script, encoding="utf-8")
-    return path, "cell.py"
-
-
-def _free_port() -> int:
-    """A port that is free on 127.0.0.1 now. Several agents must all be told the rendezvous
-    endpoint before any of them starts, so the host agent cannot pick its own (port 0) as a
-    single agent does; another program taking the port in the moment between is not guarded
-    against (the launch would then fail, saying so in torchrun's output)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    return path, CELL
 
 
 def _node_gpus(cards: Cards, node: int, per_node: int) -> dict[str, str]:
@@ -204,9 +188,9 @@ def _node_gpus(cards: Cards, node: int, per_node: int) -> dict[str, str]:
     of its own; simulated cards need nothing."""
     if cards.kind != "cuda":
         return {}
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = os.environ.get(VISIBLE_GPUS_ENV)
     ids = visible.split(",") if visible else [str(i) for i in range(cards.count)]
-    return {"CUDA_VISIBLE_DEVICES": ",".join(ids[node * per_node:(node + 1) * per_node])}
+    return {VISIBLE_GPUS_ENV: ",".join(ids[node * per_node:(node + 1) * per_node])}
 
 
 class Over(enum.Enum):
@@ -246,21 +230,19 @@ class _Launch:
         --rdzv-endpoint); the c10d rendezvous numbers the nodes (GROUP_RANK) in the sorted order of
         their (host address, agent pid), not in the order they join (dynamic_rendezvous.py)."""
         path, default_label = _script_file(script, self.run.path)
-        restarts = {RESTART_ENV: "1"} if self.max_restarts else {}
+        restarts = {OWN_STORE_ENV: "1"} if self.max_restarts else {}
         self.env = rank_environment(self.cards, self.run.path, label or default_label,
                                     {DOCTOR_ENV: "1" if self.doctor else "0", **restarts, **(env or {})})
         per_node = self.nproc // self.nnodes
-        endpoint = f"127.0.0.1:{_free_port() if self.nnodes > 1 else 0}"
+        # Several agents must all be told the rendezvous endpoint before any of them starts, so the host
+        # cannot pick its own port (0) as a single agent does.
+        endpoint = f"127.0.0.1:{free_ports(1)[0] if self.nnodes > 1 else 0}"
         run_id = uuid.uuid4().hex[:12]
         for node in range(self.nnodes):
-            host = [f"--rdzv-conf=is_host={'true' if node == 0 else 'false'}"] if self.nnodes > 1 else []
-            self.commands.append([
-                sys.executable, "-m", "fourcard_helpers.agent",
-                f"--nnodes={self.nnodes}", f"--nproc-per-node={per_node}",
-                "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={run_id}", *host,
-                f"--max-restarts={self.max_restarts}", "--monitor-interval=0.1", f"--log-dir={self.run.path / 'torchrun' / str(node)}",
-                "-m", "fourcard_helpers.worker", str(path), *map(str, args),
-            ])
+            self.commands.append(agent.command(
+                self.nnodes, per_node, endpoint, run_id, "fourcard_helpers.worker", [str(path), *map(str, args)],
+                self.max_restarts, is_host=node == 0 if self.nnodes > 1 else None,
+                log_dir=self.run.part(TORCHRUN_LOGS) / str(node)))
         if self.echo:
             cores = os.cpu_count() or 1
             sharing = (_("; OMP_NUM_THREADS={threads} per rank ({cores} CPU cores shared)").format(
@@ -327,21 +309,10 @@ class _Launch:
                         out.write(line)
                         out.flush()
 
-    def _worker_pids(self) -> list[int]:
-        pids = []
-        for text in self.run.read_text(PID).values():
-            try:
-                pid = int(text)
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except (OSError, ValueError):
-                continue
-            if b"fourcard_helpers.worker" in cmdline:  # still ours, not a reused pid
-                pids.append(pid)
-        return pids
-
     def stop(self) -> None:
-        """Stop every agent and rank (lifecycle.py's sequence); ranks live in sessions of their own."""
-        stop(self.procs, self._worker_pids, GRACE_SECONDS)
+        """Stop every agent and rank (lifecycle.py's sequence); ranks live in sessions of their own,
+        found from their pid records."""
+        stop(self.procs, lambda: list(_running_ranks(self.run).values()))
         for reader in self.readers:
             reader.join(timeout=1)
 
@@ -355,10 +326,8 @@ class _Launch:
         error = diagnose(self.run, self.nproc, log, ending, simulated=self.cards.kind == "cpu")
         if error is not None:
             raise error
-        reports: dict[int, dict[str, Any]] = {}
-        for rank, lines in self.run.read_json_lines(REPORT).items():
-            for values in lines:
-                reports.setdefault(rank, {}).update(values)
+        reports = ReportReader(self.run)
+        reports.take()
         seconds = time.monotonic() - self.started
         warnings = examine(self.run.read_json(DOCTOR), self.nproc) if self.doctor else []
         if self.echo:
@@ -366,7 +335,7 @@ class _Launch:
                 print(_("torchrun: doctor: {warning}").format(warning=warning), flush=True)
             print(_("torchrun: {nproc} ranks finished in {seconds} s").format(nproc=self.nproc, seconds=f"{seconds:.1f}"),
                   flush=True)
-        return LaunchResult(self.nproc, self.cards, seconds, reports, log, warnings)
+        return LaunchResult(self.nproc, self.cards, seconds, reports.values, log, warnings)
 
     def cleanup(self) -> None:
         if self.pipe is not None:

@@ -28,7 +28,6 @@ import contextlib
 import io
 import itertools
 import linecache
-import os
 import shlex
 import sys
 from pathlib import Path
@@ -43,6 +42,7 @@ from .cards import CardsError
 from .language import N_, _
 from .launch import LaunchError, LaunchResult, torchrun
 from .ranks import RankSessionError, RanksMagics
+from .rundir import LANG_ENV, setting
 
 
 _solution_numbers = itertools.count(1)  # one linecache name per %%solution run
@@ -120,13 +120,12 @@ class TorchrunMagics(Magics):
         if words:
             language.choose(words[0])
             return
-        if language.SETTING in os.environ and os.environ[language.SETTING].strip():
-            print(_("Messages follow the setting {setting}={value}.").format(
-                setting=language.SETTING, value=os.environ[language.SETTING].strip()))
+        if setting(LANG_ENV):
+            print(_("Messages follow the setting {setting}={value}.").format(setting=LANG_ENV, value=setting(LANG_ENV)))
         elif language.chosen():
             print(_("Messages are in the language this notebook chose: {value} (`%fourcards_lang en` switches "
                     "to English; the setting {setting} wins over it).").format(value=language.chosen(),
-                                                                            setting=language.SETTING))
+                                                                            setting=LANG_ENV))
         else:
             print(_("Messages follow this machine's locale (`%fourcards_lang zh` switches to Chinese, "
                     "`%fourcards_lang en` to English)."))

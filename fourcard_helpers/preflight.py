@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .language import _
+from .rundir import DEVICE_ENV
 
 NPROC = 4
 ALL_REDUCE_MB = 4  # large enough to measure bandwidth, small enough for a laptop in seconds
@@ -95,7 +96,7 @@ def pinned_versions() -> dict[str, str]:
 
 
 def check_system(found: Findings, platform: str = sys.platform) -> None:
-    """The course runs on Linux only: its launcher finds a launch's leftover ranks in /proc and has each
+    """The course runs on Linux only: its launcher finds a launch's leftover ranks in Linux's process table and has each
     rank ask Linux to end it with its torchrun (prctl); elsewhere a failed launch could leave ranks behind."""
     if platform.startswith("linux"):
         found.ok("Linux")
@@ -225,7 +226,7 @@ def check_launch(found: Findings, cards) -> None:
         result = torchrun(BANDWIDTH_SCRIPT, nproc=NPROC, timeout=120, echo=False)
     except LaunchError as error:
         found.fail(_("a {nproc}-rank launch failed: {error}").format(nproc=NPROC, error=str(error).splitlines()[0]),
-                   _("read the launch's error above; FOURCARD_DEVICE=cpu rules out the GPUs"))
+                   _("read the launch's error above; {setting}=cpu rules out the GPUs").format(setting=DEVICE_ENV))
         return
     seconds = time.perf_counter() - started
     found.ok(_("a real {nproc}-rank torchrun launch ran in {seconds} s (start-up included)").format(

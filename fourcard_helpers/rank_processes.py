@@ -10,8 +10,9 @@ never gets round to it, and torchrun then waits half a minute before it kills. H
 * a rank dies with its parent (lifecycle.die_with_parent): torchrun starts each rank in a
   session of its own, so if torchrun is killed nothing else would end the rank; and SIGTERM
   (torchrun stopping its ranks) ends the rank at once;
-* SIGTERM to the controller (the kernel's stop), or the kernel's death (lifecycle.py's pipe),
-  kills the controller's whole process group, which holds its helper processes.
+* SIGTERM to the controller (the kernel's stop) kills the controller's whole process group, which
+  holds its helper processes; so does the kernel's death (lifecycle.py's pipe), through the one
+  stop of a tree's root (lifecycle.stop_own_group), whose SIGTERM this handler answers.
 
 Both are ipyparallel's application classes with one method overridden, `init_signal` (where
 ipyparallel installs its own, graceful handlers), started with traitlets' public
@@ -26,7 +27,7 @@ import signal
 import sys
 from types import FrameType
 
-from .lifecycle import die_with_parent, stop_when_kernel_dies
+from .lifecycle import die_with_parent, quiet_kill, stop_own_group, stop_when_kernel_dies
 
 
 def _exit_now(signum: int, frame: FrameType | None) -> None:
@@ -35,7 +36,7 @@ def _exit_now(signum: int, frame: FrameType | None) -> None:
 
 def _kill_my_group(signum: int, frame: FrameType | None = None) -> None:
     if os.getpgid(0) == os.getpid():  # started as the leader of a group of its own
-        os.killpg(os.getpid(), signal.SIGKILL)
+        quiet_kill(os.getpid(), signal.SIGKILL, group=True)
     os._exit(128 + signum)
 
 
@@ -55,7 +56,7 @@ def engine(argv: list[str]) -> None:
 def controller(argv: list[str]) -> None:
     """ipyparallel's controller, which takes its helper processes with it on SIGTERM or when the
     kernel dies."""
-    stop_when_kernel_dies(lambda: _kill_my_group(signal.SIGTERM))
+    stop_when_kernel_dies(stop_own_group)
     from ipyparallel.controller.app import IPController
 
     class Controller(IPController):

@@ -30,7 +30,6 @@ from __future__ import annotations
 import ast
 import atexit
 import concurrent.futures
-import json
 import linecache
 import os
 import pickle
@@ -48,19 +47,17 @@ from typing import Any, Callable
 
 from IPython.core.magic import Magics, line_cell_magic, magics_class, needs_local_scope
 
+from . import agent
 from .cards import Cards, detect
+from .diagnose import raised
 from .language import _
 from .launch import rank_environment
-from .lifecycle import KernelPipe, alive, marked_processes, stop
-from .reporting import shorten_paths
-from .rundir import EXIT, REPORT, SESSION_ENV, RunDir, rank_prefix
+from .lifecycle import FAIL_FAST_SECONDS, GRACE_SECONDS, POLL_SECONDS, KernelPipe, alive, marked_processes, stop, wait_until
+from .reporting import error_record, shorten_paths
+from .rundir import (CONTROLLER_LOG, EXIT, IPYTHON, IPYTHONDIR_ENV, PROFILE, RANK_ENV, SESSION_ENV, TORCHRUN_LOG,
+                     ReportReader, RunDir, rank_prefix)
 
-POLL_SECONDS = 0.05  # how often a waiting cell checks that every rank is still there
-GRACE_SECONDS = 3.0  # how long torchrun and the controller get to stop before SIGKILL
 VERDICT_SECONDS = 60.0  # at most how long to wait for torchrun's verdict on which rank failed first
-FAIL_FAST_SECONDS = 15.0  # after a rank raised, how long the others get to finish the cell: long enough
-# for a slow rank on a busy machine; a rank stuck in a collective the raising rank never reached is
-# stopped after it (nothing can free it)
 CELL_LABEL = "<ranks cell {}>"  # numbered, so that every cell's source stays readable on the ranks
 
 SETUP = """\
@@ -103,7 +100,7 @@ def _namespace() -> dict[str, Any]:
 
 
 def _identity() -> tuple[int, int]:
-    return int(os.environ["RANK"]), os.getpid()
+    return int(os.environ[RANK_ENV]), os.getpid()
 
 
 def _to_cpu(value: Any) -> Any:
@@ -128,11 +125,9 @@ def _portable(value: Any) -> Any:
 
 
 def _failure(error: BaseException, skip: int) -> dict[str, Any]:
+    """A cell's failure, as a launch's rank records its own (reporting.error_record)."""
     frames = traceback.extract_tb(error.__traceback__)[skip:]  # drop this module's frames
-    lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames)]
-    lines += traceback.format_exception_only(type(error), error)
-    return {"error": type(error).__name__, "message": str(error), "time": time.time(),
-            "traceback": shorten_paths("".join(lines))}
+    return {"error": error_record(error, int(os.environ[RANK_ENV]), frames)}
 
 
 def _execute(source: str, label: str) -> dict[str, Any]:
@@ -156,8 +151,8 @@ def _execute(source: str, label: str) -> dict[str, Any]:
 def _fetch(name: str) -> dict[str, Any]:
     namespace = _namespace()
     if name not in namespace:
-        return {"error": "NameError", "message": _("name {name} is not defined on this rank").format(name=repr(name)),
-                "time": time.time(), "traceback": ""}
+        missing = NameError(_("name {name} is not defined on this rank").format(name=repr(name)))
+        return {"error": {**error_record(missing, int(os.environ[RANK_ENV]), []), "traceback": ""}}  # no code ran
     return {"value": _portable(namespace[name])}
 
 
@@ -196,8 +191,7 @@ class RankSession:
         self.pids: dict[int, int] = {}
         self.lost: str | None = None  # why the session ended on its own, once it has
         self.cells = 0  # cells run so far: names each cell's source on the ranks
-        self.reports: dict[int, dict[str, Any]] = {}  # rank -> what it passed to report(), later values winning
-        self._reported: dict[int, int] = {}  # rank -> report lines already taken
+        self._reports = ReportReader(RunDir(self.run_dir))  # what each rank passed to report(), later values winning
         self.closed = False
         _live.add(self)
         try:
@@ -217,23 +211,29 @@ class RankSession:
         return _("<RankSession: {nproc} ranks on {kind}, {state}>").format(nproc=self.nproc, kind=self.cards.kind,
                                                                           state=state)
 
+    @property
+    def reports(self) -> dict[int, dict[str, Any]]:
+        """Rank -> what it passed to report() so far (a later value of a name replacing the earlier one)."""
+        return self._reports.values
+
     # -- starting ----------------------------------------------------------------------------
     def _spawn(self, command: list[str], log: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
-        with open(self.run_dir / log, "wb") as out:
+        with open(RunDir(self.run_dir).part(log), "wb") as out:
             return self.pipe.start(command, env, out)
 
     def _start(self, start_timeout: float) -> None:
         import ipyparallel
 
         started = time.monotonic()
-        profile = self.run_dir / "profile"
+        run = RunDir(self.run_dir)
+        profile = run.part(PROFILE)
         profile.mkdir()
         env = rank_environment(self.cards, self.run_dir, "<ranks>",
-                               {SESSION_ENV: self.session_id, "IPYTHONDIR": str(self.run_dir / "ipython")})
+                               {SESSION_ENV: self.session_id, IPYTHONDIR_ENV: str(run.part(IPYTHON))})
         self.controller = self._spawn(
             [sys.executable, "-m", "fourcard_helpers.rank_processes", "controller", f"--profile-dir={profile}",
              f"--cluster-id={self.session_id}", "--ip=127.0.0.1", "--usethreads", "--nodb", "--log-level=WARN"],
-            "controller.log", env)  # on SIGTERM or the kernel's death it kills its process group (rank_processes.py)
+            CONTROLLER_LOG, env)  # on SIGTERM or the kernel's death it kills its process group (rank_processes.py)
         # --nodb: the controller keeps no record of each task (the session reads results from the
         # replies alone), which is work on every cell and memory that grows with them.
         security = profile / "security"
@@ -242,12 +242,10 @@ class RankSession:
         self._wait_for(lambda: engine_file.exists() and client_file.exists(), started + start_timeout,
                        _("the ipyparallel controller did not start"))
         self.torchrun_proc = self._spawn(
-            [sys.executable, "-m", "fourcard_helpers.agent", "--nnodes=1", f"--nproc-per-node={self.nproc}",
-             "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", f"--rdzv-id={self.session_id}",
-             "--max-restarts=0", "--monitor-interval=0.1",
-             "-m", "fourcard_helpers.rank_processes", "engine", f"--file={engine_file}", f"--profile-dir={profile}",
-             "--IPEngine.enable_nanny=False", "--log-level=WARN"],
-            "torchrun.log", env)  # its ranks die with it (rank_processes.py)
+            agent.command(1, self.nproc, "127.0.0.1:0", self.session_id, "fourcard_helpers.rank_processes",
+                          ["engine", f"--file={engine_file}", f"--profile-dir={profile}",
+                           "--IPEngine.enable_nanny=False", "--log-level=WARN"]),
+            TORCHRUN_LOG, env)  # its ranks die with it (rank_processes.py)
         self.pipe.started()
         self.client = ipyparallel.Client(str(client_file), profile_dir=str(profile))
         self._wait_for(lambda: len(self.client.ids) >= self.nproc, started + start_timeout,
@@ -267,20 +265,21 @@ class RankSession:
                   flush=True)
 
     def _wait_for(self, condition: Callable[[], bool], deadline: float, what: str) -> None:
-        while not condition():
-            problem = self._problem()
-            if problem or time.monotonic() > deadline:
-                tail = self._log_tail()
-                raise RankSessionError(_("{what}: {problem}.").format(
-                    what=what, problem=problem or _("it ran past the start timeout"))
-                    + (_("\nThe processes' last output:\n{tail}").format(tail=tail) if tail else ""))
-            time.sleep(POLL_SECONDS)
+        """Until `condition()`, failing at once if a process of the session has ended (lifecycle.wait_until)."""
+        try:
+            problem = wait_until(condition, deadline - time.monotonic(), self._problem)
+        except TimeoutError:
+            problem = _("it ran past the start timeout")
+        if problem:
+            tail = self._log_tail()
+            raise RankSessionError(_("{what}: {problem}.").format(what=what, problem=problem)
+                                   + (_("\nThe processes' last output:\n{tail}").format(tail=tail) if tail else ""))
 
     def _log_tail(self, lines: int = 15) -> str:
         text = ""
-        for name in ("controller.log", "torchrun.log"):
+        for name in (CONTROLLER_LOG, TORCHRUN_LOG):
             try:
-                text += shorten_paths((self.run_dir / name).read_text(errors="replace"))
+                text += shorten_paths(RunDir(self.run_dir).part(name).read_text(errors="replace"))
             except OSError:
                 pass
         return "".join(text.splitlines(True)[-lines:])
@@ -373,7 +372,7 @@ class RankSession:
             raise
         self._show(done, echo)
         outcomes = {rank: self._outcome(future) for rank, future in done.items()}
-        failed = [(outcome["time"], rank) for rank, outcome in outcomes.items() if outcome.get("error")]
+        failed = [(outcome["error"]["time"], rank) for rank, outcome in outcomes.items() if outcome.get("error")]
         if failed:
             rank = min(failed)[1]
             others = sorted(other for _when, other in failed if other != rank)
@@ -387,16 +386,14 @@ class RankSession:
         try:
             return future.result()
         except Exception as error:  # noqa: BLE001 - the engine itself failed (e.g. it died)
-            return {"error": type(error).__name__, "message": str(error), "time": time.time(), "traceback": ""}
+            return {"error": {**error_record(error, -1, []), "traceback": ""}}
 
     def _describe(self, rank: int, outcome: dict[str, Any]) -> str:
-        return (_("rank {rank} of {nproc} raised {error}: {message}").format(
-            rank=rank, nproc=self.nproc, error=outcome["error"], message=outcome["message"])
-                + ("\n\n" + outcome["traceback"] if outcome["traceback"] else ""))
+        return raised(rank, self.nproc, outcome["error"])
 
     def _stuck(self, done: dict[int, Any], waiting: list[int], problem: str | None,
                timeout: float) -> RankSessionError:
-        failed = sorted((o["time"], rank, o) for rank, f in done.items() if (o := self._outcome(f)).get("error"))
+        failed = sorted((o["error"]["time"], rank, o) for rank, f in done.items() if (o := self._outcome(f)).get("error"))
         if problem:
             head, blamed = _("The warm session ended during the cell: {problem}.").format(problem=problem), None
         elif failed:
@@ -432,15 +429,9 @@ class RankSession:
         """`report()` on a rank appends a JSON line to its record in the session's run folder, as in
         a launch (worker.py): the new lines join `reports` (as `LaunchResult.reports`: a later value
         of a name replaces the earlier one) and, with `echo`, are shown as `[rankN] report: {...}`."""
-        for rank, text in RunDir(self.run_dir).read_text(REPORT).items():
-            lines = text.splitlines(True)
-            complete = [line for line in lines[self._reported.get(rank, 0):] if line.endswith("\n")]
-            self._reported[rank] = self._reported.get(rank, 0) + len(complete)
-            for line in complete:
-                values = json.loads(line)
-                self.reports.setdefault(rank, {}).update(values)
-                if echo:
-                    print(f"{rank_prefix(rank)}report: {line.rstrip()}", flush=True)
+        for rank, line in self._reports.take():
+            if echo:
+                print(f"{rank_prefix(rank)}report: {line.rstrip()}", flush=True)
 
     def run(self, code: str, timeout: float | None = None, echo: bool = True) -> list[Any]:
         """Run `code` on every rank; returns each rank's value of its last expression (rank order).
@@ -479,8 +470,7 @@ class RankSession:
                 pass
         # torchrun passes SIGTERM on to its ranks; ranks live in sessions of their own, the
         # controller's helpers too: what is left of the session's marked processes is killed.
-        stop([proc for proc in (self.torchrun_proc, self.controller) if proc is not None], self.processes,
-             GRACE_SECONDS)
+        stop([proc for proc in (self.torchrun_proc, self.controller) if proc is not None], self.processes)
         self.pipe.close()
         shutil.rmtree(self.run_dir, ignore_errors=True)
 

@@ -12,18 +12,20 @@ from __future__ import annotations
 
 import os
 import re
+import time
+import traceback
 from pathlib import Path, PurePath
 from typing import Any
 
 from .language import _
-from .rundir import REPORT, RunDir
+from .rundir import RANK_ENV, REPORT, RunDir
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def this_rank() -> int:
     """This process's global rank (0 outside a launch, as for a plain `python script.py`)."""
-    return int(os.environ.get("RANK", "0"))
+    return int(os.environ.get(RANK_ENV, "0"))
 
 
 def _jsonable(value: Any, name: str) -> Any:
@@ -74,3 +76,14 @@ def shorten_paths(text: str) -> str:
     text = re.sub(r'"[^"\n]*?/site-packages/', '"<site-packages>/', text)
     text = re.sub(r'"[^"\n]*?/lib/python3\.\d+/', '"<python>/', text)
     return text.replace(str(REPO_ROOT) + os.sep, "")
+
+
+def error_record(error: BaseException, rank: int, frames: list[traceback.FrameSummary], when: float | None = None,
+                 **more: Any) -> dict[str, Any]:
+    """The one shape of a failure's record, a launch's rank's (the run folder's `error` record) or a warm
+    session's: rank, time, type, message and the traceback of `frames` (the script's own, with portable
+    paths), and what `more` adds (a non-zero exit's exitcode)."""
+    lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames)]
+    lines += traceback.format_exception_only(type(error), error)
+    return {"rank": rank, "time": time.time() if when is None else when, "type": type(error).__name__,
+            "message": str(error), "traceback": shorten_paths("".join(lines)), **more}

@@ -37,28 +37,28 @@ import os
 import pwd
 import secrets
 import shutil
-import signal
 import socket
 import struct
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from .lifecycle import KernelPipe, alive, marked_processes, stop_when_kernel_dies
+from .language import N_, _
+from .lifecycle import (GRACE_SECONDS, KernelPipe, carries, command_line, descendants, first_dead, free_ports,
+                        marked_processes, memory_mb, pids as all_pids, stop, wait_for_kernel_death, wait_until)
+from .rundir import SLURM_CONF_ENV, SLURM_ENV
 
 __all__ = ["Cluster", "ClusterError", "practice_cluster", "up", "down", "status", "missing_programs"]
 
 DEFAULT_DIR = Path.home() / ".fourcards" / "slurm"
-MARK_ENV = "FOURCARDS_SLURM"  # every daemon carries it (value: the cluster's folder); what `down` looks for last
+MARK_ENV = SLURM_ENV  # every daemon carries it (value: the cluster's folder); what `down` looks for last
 PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel", "sinfo")
-INSTALL_HINT = ("install SLURM and munge: on Debian or Ubuntu `sudo apt-get install slurm-wlm munge`; "
-                "elsewhere your system's slurm and munge packages")
+INSTALL_HINT = N_("install SLURM and munge: on Debian or Ubuntu `sudo apt-get install slurm-wlm munge`; "
+                  "elsewhere your system's slurm and munge packages")
 PARTITION = "practice"
 IDLE_TIMEOUT = 60.0  # bounds only a node that never comes up; the wait itself ends on `sinfo` saying idle
 # Lesson 12's batch file listens for its rendezvous on port 20000 + job id % 10000, one port per job on a real
@@ -73,6 +73,7 @@ SHARED_DIR = Path("/tmp/fourcards-slurm")
 # cluster runs no prolog: 10 s is ample for the rest on one machine, also a busy one (the tests and 12b ran
 # under load averages of 8 to 17 on two cores).
 CRED_EXPIRE = 10
+KILL_WAIT = 5  # seconds SLURM gives a cancelled job's processes between SIGTERM and SIGKILL (slurm.conf's KillWait)
 
 
 class ClusterError(RuntimeError):
@@ -98,7 +99,7 @@ class Cluster:
 
     def environment(self) -> dict[str, str]:
         """This process's environment with SLURM_CONF naming the cluster: for sbatch, squeue, ..."""
-        return {**os.environ, "SLURM_CONF": str(self.conf)}
+        return {**os.environ, SLURM_CONF_ENV: str(self.conf)}
 
     def job_processes(self) -> list[int]:
         """The pids of every process this cluster's jobs are running now (their job steps and all below)."""
@@ -108,7 +109,8 @@ class Cluster:
         """Run a SLURM command (`cluster.run("squeue")`) against this cluster; its output, or an error that shows it."""
         done = subprocess.run(command, capture_output=True, text=True, env=self.environment())
         if done.returncode:
-            raise ClusterError(f"`{' '.join(command)}` failed: {(done.stderr or done.stdout).strip()}")
+            raise ClusterError(_("`{command}` failed: {said}").format(command=" ".join(command),
+                                                                      said=(done.stderr or done.stdout).strip()))
         return done.stdout
 
 
@@ -122,53 +124,16 @@ def missing_programs() -> list[str]:
     return [name for name in PROGRAMS if program(name) is None]
 
 
-def _free_ports(count: int) -> list[int]:
-    """Ports nothing listens on now (the kernel picks them), above 1024 so that no root is needed."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
 def _ours(pid: int, folder: Path) -> bool:
     """Whether `pid` runs and is a daemon of this cluster: after a reboot a recorded pid may be anyone's."""
-    try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return f"{MARK_ENV}={folder}".encode() in environ and alive(pid)
-
-
-def _kill(pid: int, signum: int) -> None:
-    try:
-        os.kill(pid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass
+    return carries(pid, MARK_ENV, str(folder))
 
 
 def _job_processes(folder: Path) -> list[int]:
     """This cluster's `slurmstepd` processes (slurmd gives each the cluster's SLURM_CONF) and all below them."""
-    conf = f"SLURM_CONF={folder / 'slurm.conf'}".encode()
-    children: dict[int, list[int]] = {}
-    steps = []
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            children.setdefault(parent, []).append(int(entry.name))
-            if (entry / "cmdline").read_bytes().startswith(b"slurmstepd") and conf in (entry / "environ").read_bytes().split(b"\0"):
-                steps.append(int(entry.name))
-        except (OSError, IndexError, ValueError):
-            continue
-    found, stack = [], list(steps)
-    while stack:
-        pid = stack.pop()
-        found.append(pid)
-        stack.extend(children.get(pid, []))
-    return [pid for pid in found if alive(pid)]
+    conf = str(folder / "slurm.conf")
+    return descendants(pid for pid in all_pids() if carries(pid, SLURM_CONF_ENV, conf)
+                       and command_line(pid)[:1] and command_line(pid)[0].startswith("slurmstepd"))
 
 
 def _state_file(folder: Path) -> Path:
@@ -207,11 +172,13 @@ def _shared_dir() -> Path:
         if SHARED_DIR.stat().st_uid == os.geteuid():
             SHARED_DIR.chmod(0o1777)  # mkdir's mode passes through the umask
     except OSError as error:
-        raise ClusterError(f"cannot use {SHARED_DIR}, where practice clusters of every user on this machine take "
-                           f"their job ids: {error}. Ask whoever owns it to make it writable by all (chmod 1777).") from error
+        raise ClusterError(_("cannot use {folder}, where practice clusters of every user on this machine take their "
+                             "job ids: {error}. Ask whoever owns it to make it writable by all (chmod 1777).").format(
+                                 folder=SHARED_DIR, error=error)) from error
     if not os.access(SHARED_DIR, os.W_OK | os.X_OK):
-        raise ClusterError(f"{SHARED_DIR} is not writable by you: practice clusters of every user on this machine "
-                           "take their job ids there. Ask whoever owns it to make it writable by all (chmod 1777).")
+        raise ClusterError(_("{folder} is not writable by you: practice clusters of every user on this machine take "
+                             "their job ids there. Ask whoever owns it to make it writable by all (chmod 1777).").format(
+                                 folder=SHARED_DIR))
     return SHARED_DIR
 
 
@@ -261,7 +228,7 @@ def claimed_blocks() -> dict[str, int]:
             try:
                 held[json.loads(_record(first).read_text())["folder"]] = first
             except (OSError, ValueError, KeyError):
-                held[f"(unknown, jobs from {first})"] = first
+                held[_("(unknown, jobs from {first})").format(first=first)] = first
     return held
 
 
@@ -288,8 +255,8 @@ def _claim_job_ids(folder: Path) -> int:
             except OSError:
                 pass  # another user's file we may not write: both are courtesies, the controller's lock counts
         return first
-    raise ClusterError(f"{JOB_ID_BLOCKS} practice clusters already run on this machine: stop one with "
-                       "`python -m fourcard_helpers.slurm down --dir ...` first.")
+    raise ClusterError(_("{count} practice clusters already run on this machine: stop one with "
+                         "`python -m fourcard_helpers.slurm down --dir ...` first.").format(count=JOB_ID_BLOCKS))
 
 
 def _release_job_ids(first_job_id: int, folder: Path) -> None:
@@ -320,7 +287,7 @@ def _write_conf(folder: Path, nodes: list[str], cpus: int, memory: int, first_jo
     host = socket.gethostname()
     address = (addresses or {}).get
     # free in this machine's namespace; in a namespace of the cluster's own, nothing else listens
-    controller_port, *node_ports = _free_ports(1 + len(nodes))
+    controller_port, *node_ports = free_ports(1 + len(nodes))
     lines = [
         "# Written by `python -m fourcard_helpers.slurm up`: a practice cluster on one machine.",
         "ClusterName=fourcards",
@@ -353,7 +320,7 @@ def _write_conf(folder: Path, nodes: list[str], cpus: int, memory: int, first_jo
         "MpiDefault=none",
         "ReturnToService=2",  # a node that was down (its slurmd stopped) takes jobs again once it is back
         "SlurmdTimeout=30",  # a node whose slurmd stopped answering is marked down after 30 s (SLURM: 300)
-        "KillWait=5",  # a cancelled job's processes get 5 s between SIGTERM and SIGKILL (SLURM: 30)
+        f"KillWait={KILL_WAIT}",  # a cancelled job's processes get 5 s between SIGTERM and SIGKILL (SLURM: 30)
         "MinJobAge=3600",  # a finished job's record stays an hour (SLURM: 300 s), for a learner who pauses
         "AccountingStorageType=accounting_storage/none",  # no slurmdbd, SLURM's accounting database
         "JobAcctGatherType=jobacct_gather/none",
@@ -385,20 +352,22 @@ def _write_task_prolog(folder: Path, gpus: dict[str, list[str]]) -> None:
     cards = " ".join(f'[{name}]="{" ".join(Path(f).name.removeprefix("nvidia") for f in files)}"'
                      for name, files in gpus.items())
     prolog = folder / "task_prolog.sh"
-    prolog.write_text(f"""#!/bin/bash
-# Written by `python -m fourcard_helpers.slurm up`: each node's own GPUs (see _write_task_prolog).
-declare -A cards=({cards})
-read -ra own <<< "${{cards[$SLURMD_NODENAME]}}"
-for name in CUDA_VISIBLE_DEVICES SLURM_JOB_GPUS SLURM_STEP_GPUS GPU_DEVICE_ORDINAL; do
-    [ -n "${{!name}}" ] || continue
-    IFS=, read -ra given <<< "${{!name}}"
-    mapped=()
-    for i in "${{given[@]}}"; do mapped+=("${{own[$i]}}"); done
-    (IFS=,; echo "export $name=${{mapped[*]}}")
-done
-""")
+    prolog.write_text(TASK_PROLOG.replace("@CARDS@", cards))
     prolog.chmod(0o755)
 
+
+TASK_PROLOG = """#!/bin/bash
+# Written by `python -m fourcard_helpers.slurm up`: each node's own GPUs (see _write_task_prolog).
+declare -A cards=(@CARDS@)
+read -ra own <<< "${cards[$SLURMD_NODENAME]}"
+for name in CUDA_VISIBLE_DEVICES SLURM_JOB_GPUS SLURM_STEP_GPUS GPU_DEVICE_ORDINAL; do
+    [ -n "${!name}" ] || continue
+    IFS=, read -ra given <<< "${!name}"
+    mapped=()
+    for i in "${given[@]}"; do mapped+=("${own[$i]}"); done
+    (IFS=,; echo "export $name=${mapped[*]}")
+done
+"""
 
 # Own addresses: 198.18.0.0/15 is set aside for testing networks (RFC 2544), so no real network a machine is on
 # uses it; each block of job ids (k) gets 198.18.k.0/24, so that clusters running at once do not meet.
@@ -415,9 +384,9 @@ def _network_names(first_job_id: int, nodes: list[str]) -> tuple[str, dict[str, 
 def _ip(*args: str) -> None:
     done = subprocess.run([program("ip") or "ip", *args], capture_output=True, text=True)
     if done.returncode:
-        raise ClusterError(f"`ip {' '.join(args)}` failed: {done.stderr.strip()}. Each node's own address needs "
-                           "network namespaces (root, and a kernel that allows them); without --own-addresses "
-                           "every node has the address 127.0.0.1.")
+        raise ClusterError(_("`{command}` failed: {said}. Each node's own address needs network namespaces (root, and "
+                             "a kernel that allows them); without --own-addresses every node has the address "
+                             "127.0.0.1.").format(command=" ".join(["ip", *args]), said=done.stderr.strip()))
 
 
 def _make_network(folder: Path, first_job_id: int, nodes: list[str]) -> tuple[dict[str, str], dict[str, str]]:
@@ -430,9 +399,9 @@ def _make_network(folder: Path, first_job_id: int, nodes: list[str]) -> tuple[di
     Needs root (`ip netns`).
     Returns the addresses and the namespaces, of "controller" and of each node."""
     if os.geteuid() != 0 or not all(map(program, ("ip", "nsenter", "unshare"))):
-        raise ClusterError("each node's own address needs root and the programs `ip`, `nsenter` and `unshare` (network "
-                           "namespaces; Debian's iproute2 and util-linux): run `up` as root, or without --own-addresses, "
-                           "where every node has the address 127.0.0.1.")
+        raise ClusterError(_("each node's own address needs root and the programs `ip`, `nsenter` and `unshare` "
+                             "(network namespaces; Debian's iproute2 and util-linux): run `up` as root, or without "
+                             "--own-addresses, where every node has the address 127.0.0.1."))
     bridge, namespaces = _network_names(first_job_id, nodes)
     k = (first_job_id - 1) // JOB_ID_BLOCK
     _remove_network(bridge, namespaces)  # what a cluster of this block left when it was killed without `down`
@@ -484,7 +453,7 @@ def _start(folder: Path, command: list[str], output: Path) -> int:
     """Start one daemon in the foreground of a session of its own (the terminal's Ctrl-C is not its),
     marked with the cluster's folder; its pid. It outlives this process when `up` runs from the shell."""
     env = {**os.environ, MARK_ENV: str(folder)}
-    env.pop("SLURM_CONF", None)  # each daemon reads the file it is given
+    env.pop(SLURM_CONF_ENV, None)  # each daemon reads the file it is given
     with open(output, "ab") as out:
         return subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True).pid
@@ -498,19 +467,18 @@ def _tail(path: Path, lines: int = 8) -> str:
 
 
 def _wait_for(what: str, ready: Callable[[], bool], pids: dict[str, int], logs: dict[str, Path], timeout: float) -> None:
-    """Wait until `ready()`; fail at once, with the daemon's log, if a daemon it needs has exited."""
-    deadline = time.monotonic() + timeout
-    while not ready():
-        for name, pid in pids.items():
-            if not alive(pid):
-                log = _tail(logs[name])
-                likely = (" Another program took its port after `up` chose it: run `up` again, it picks free ports."
-                          if "Address already in use" in log else "")
-                raise ClusterError(f"{name} stopped while starting (waiting for {what}).{likely} Its log ends:\n{log}")
-        if time.monotonic() > deadline:
-            raise ClusterError(f"{what}: not after {timeout:.0f} s. The logs end:\n"
-                               + "\n".join(f"--- {n}\n{_tail(logs[n])}" for n in pids))
-        time.sleep(0.1)
+    """Wait until `ready()`; fail at once, with the daemon's log, if a daemon it needs has exited (lifecycle.wait_until)."""
+    try:
+        name = wait_until(ready, timeout, lambda: first_dead(pids))
+    except TimeoutError:
+        raise ClusterError(_("{what}: not after {seconds} s. The logs end:").format(what=what, seconds=f"{timeout:.0f}")
+                           + "\n" + "\n".join(f"--- {n}\n{_tail(logs[n])}" for n in pids)) from None
+    if name is not None:
+        log = _tail(logs[name])
+        likely = (_("Another program took its port after `up` chose it: run `up` again, it picks free ports.")
+                  if "Address already in use" in log else "")
+        raise ClusterError(" ".join(filter(None, [_("{name} stopped while starting (waiting for {what}).").format(
+            name=name, what=what), likely, _("Its log ends:")])) + "\n" + log)
 
 
 def status(folder: Path = DEFAULT_DIR) -> Cluster | None:
@@ -534,7 +502,8 @@ def up(nodes: int = 2, folder: Path = DEFAULT_DIR, cpus: int | None = None, gpus
     (_make_network), as on a real cluster, though they share hostname, process ids and files; by default every node
     has the address 127.0.0.1."""
     if missing := missing_programs():
-        raise ClusterError(f"this machine lacks {', '.join(missing)}: {INSTALL_HINT}.")
+        raise ClusterError(_("this machine lacks {programs}: {hint}.").format(programs=", ".join(missing),
+                                                                          hint=_(INSTALL_HINT)))
     folder = Path(folder).expanduser().resolve()
     with _machine_lock():
         return _up(nodes, folder, cpus or max(1, (os.cpu_count() or 1) // nodes), max(1, _memory_mb() // nodes),
@@ -543,10 +512,9 @@ def up(nodes: int = 2, folder: Path = DEFAULT_DIR, cpus: int | None = None, gpus
 
 def _memory_mb() -> int:
     """This machine's memory in MB, as slurmd counts it (MemTotal)."""
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemTotal:"):
-            return int(line.split()[1]) // 1024
-    raise ClusterError("cannot read this machine's memory from /proc/meminfo")
+    if not (memory := memory_mb()):
+        raise ClusterError(_("cannot read this machine's memory (MemTotal), which SLURM shares among the nodes"))
+    return memory
 
 
 def _munge_dir() -> Path:
@@ -561,8 +529,8 @@ def _munge_dir() -> Path:
 
 def _up(nodes: int, folder: Path, cpus: int, memory: int, gpus: list[str], own_addresses: bool) -> Cluster:
     if status(folder) is not None:
-        raise ClusterError(f"a practice cluster already runs from {folder}: use it, or stop it first with "
-                           f"`python -m fourcard_helpers.slurm down --dir {folder}`.")
+        raise ClusterError(_("a practice cluster already runs from {folder}: use it, or stop it first with "
+                             "`python -m fourcard_helpers.slurm down --dir {folder}`.").format(folder=folder))
     if _read_state(folder) is not None:  # a cluster whose processes died, or were killed, without `down`
         down(folder)
     for part in ("munge", "state", "spool", "run", "log", "etc"):
@@ -600,7 +568,7 @@ def _up(nodes: int, folder: Path, cpus: int, memory: int, gpus: list[str], own_a
             f"--pid-file={folder / 'run' / 'munged.pid'}", f"--seed-file={folder / 'munge' / 'munged.seed'}"],
             logs["munged"])
         save()
-        _wait_for("munged's socket", socket_path.exists, pids, logs, IDLE_TIMEOUT)
+        _wait_for(_("munged's socket"), socket_path.exists, pids, logs, IDLE_TIMEOUT)
         # it locks its pid file, the claim of the block of job ids, for as long as it runs
         inside = _in_node(folder, "controller", namespaces["controller"]) if namespaces else []  # the same pid
         pids["slurmctld"] = _start(folder, [*inside, program("slurmctld"), "-D", "-i", "-f", conf],
@@ -614,7 +582,7 @@ def _up(nodes: int, folder: Path, cpus: int, memory: int, gpus: list[str], own_a
         cluster = Cluster(dir=folder, nodes=tuple(names), pids=dict(pids), first_job_id=first_job_id,
                           gpus_per_node=len(share[names[0]]), munge_dir=munge_dir, addresses=addresses,
                           namespaces=namespaces)
-        _wait_for("every node idle", lambda: _all_idle(cluster), pids, logs, IDLE_TIMEOUT)
+        _wait_for(_("every node idle"), lambda: _all_idle(cluster), pids, logs, IDLE_TIMEOUT)
     except BaseException:
         down(folder)
         shutil.rmtree(munge_dir, ignore_errors=True)  # also when `down` found no record
@@ -640,8 +608,14 @@ def _all_idle(cluster: Cluster) -> bool:
     return done.returncode == 0 and all(states.get(name) == "idle" for name in cluster.nodes)
 
 
-def down(folder: Path = DEFAULT_DIR, grace: float = 10.0) -> bool:
-    """Stop the cluster of `folder`: cancel its jobs, stop its daemons by pid, then what its jobs left running.
+def _jobs_ended(env: dict[str, str]) -> bool:
+    jobs = subprocess.run(["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True)
+    return bool(jobs.returncode or not jobs.stdout.strip())
+
+
+def down(folder: Path = DEFAULT_DIR, grace: float = GRACE_SECONDS) -> bool:
+    """Stop the cluster of `folder`: cancel its jobs, stop its daemons by pid, then what its jobs left running,
+    each with lifecycle.py's one stop sequence.
 
     True if there was a cluster to stop. Raises ClusterError naming any process it could not stop.
     Leaves the folder's logs; removes its state, sockets and pid files."""
@@ -652,32 +626,18 @@ def down(folder: Path = DEFAULT_DIR, grace: float = 10.0) -> bool:
     if _ours(cluster.pids.get("slurmctld", -1), folder):
         env = cluster.environment()
         subprocess.run(["scancel", f"--partition={PARTITION}"], env=env, capture_output=True)
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline:  # SLURM ends each job's processes; wait for it to say so
-            jobs = subprocess.run(["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True)
-            if jobs.returncode or not jobs.stdout.strip():
-                break
-            time.sleep(0.2)
-    order = [name for name in cluster.pids if name.startswith("slurmd")] + ["slurmctld", "munged"]
-    for name in order:  # nodes first, the controller, then authentication, which the others use to the end
-        pid = cluster.pids.get(name)
-        if pid is None or not _ours(pid, folder):
-            continue
-        _kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        while _ours(pid, folder) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if _ours(pid, folder):
-            _kill(pid, signal.SIGKILL)
-    # What a job left running (the controller was gone, or the job outlived the grace): its steps and tasks.
-    def left() -> list[int]:
+        try:  # SLURM ends each job's processes, SIGKILL after KILL_WAIT; wait for it to say so
+            wait_until(lambda: _jobs_ended(env), KILL_WAIT + grace)
+        except TimeoutError:
+            pass  # what is left of the jobs is killed below
+
+    def left() -> list[int]:  # what a job left running (the controller was gone, or the job outlived the wait)
         return _job_processes(folder) + marked_processes(MARK_ENV, str(folder))
 
-    deadline = time.monotonic() + grace
-    while (pids := left()) and time.monotonic() < deadline:
-        for pid in pids:
-            _kill(pid, signal.SIGKILL)
-        time.sleep(0.05)
+    nodes = [name for name in cluster.pids if name.startswith("slurmd")]
+    for stage in (nodes, ["slurmctld"], ["munged"]):  # nodes first, the controller, then authentication, which the
+        ours = [pid for name in stage if (pid := cluster.pids.get(name)) is not None and _ours(pid, folder)]  # others
+        stop(ours, left if stage == ["munged"] else list, grace)  # use to the end; then the jobs' steps and tasks
     for leftover in (folder / "run").glob("*"):
         leftover.unlink(missing_ok=True)
     if cluster.munge_dir is not None:
@@ -687,8 +647,8 @@ def down(folder: Path = DEFAULT_DIR, grace: float = 10.0) -> bool:
     _state_file(folder).unlink(missing_ok=True)
     _release_job_ids(cluster.first_job_id, folder)
     if pids := left():
-        raise ClusterError(f"processes of the cluster in {folder} are still running after SIGKILL: {pids}. "
-                           "They may belong to another user: stop them as that user, or as root.")
+        raise ClusterError(_("processes of the cluster in {folder} are still running after SIGKILL: {pids}. They may "
+                             "belong to another user: stop them as that user, or as root.").format(folder=folder, pids=pids))
     return True
 
 
@@ -717,42 +677,44 @@ def practice_cluster(nodes: int = 2, folder: Path | None = None, own_addresses: 
 
 def _guard(folder: Path) -> None:
     """Wait for the kernel's pipe to close, then stop the cluster (already stopped: nothing to do)."""
-    gone = threading.Event()
-    stop_when_kernel_dies(gone.set)
-    gone.wait()
+    wait_for_kernel_death()
     down(folder)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fourcard_helpers.slurm", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m fourcard_helpers.slurm",
+                                     description=_("A practice SLURM cluster on this one machine."))
     parser.add_argument("action", choices=["up", "status", "down", "guard"])
-    parser.add_argument("--nodes", type=int, default=2, help="nodes for `up` (default 2)")
-    parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=f"the cluster's folder (default {DEFAULT_DIR})")
+    parser.add_argument("--nodes", type=int, default=2, help=_("nodes for `up` (default 2)"))
+    parser.add_argument("--dir", type=Path, default=DEFAULT_DIR,
+                        help=_("the cluster's folder (default {folder})").format(folder=DEFAULT_DIR))
     parser.add_argument("--own-addresses", action="store_true",
-                        help="`up`: each node at an address of its own, in a network namespace (root only)")
+                        help=_("`up`: each node at an address of its own, in a network namespace (root only)"))
     args = parser.parse_args(argv)
     folder = args.dir.expanduser().resolve()
     try:
         if args.action == "up":
             cluster = up(args.nodes, folder, own_addresses=args.own_addresses)
-            cards = f", {cluster.gpus_per_node} GPUs each" if cluster.gpus_per_node else ""
-            print(f"practice cluster up: {len(cluster.nodes)} node{'s' if len(cluster.nodes) != 1 else ''} ({', '.join(cluster.nodes)}) idle{cards}, folder {folder}")
-            print(f"export SLURM_CONF={cluster.conf}")
+            up_line = (_("practice cluster up: {count} node ({nodes}) idle, folder {folder}") if len(cluster.nodes) == 1
+                       else _("practice cluster up: {count} nodes ({nodes}) idle, folder {folder}"))
+            cards = (_(", {gpus} GPUs each").format(gpus=cluster.gpus_per_node) if cluster.gpus_per_node else "")
+            print(up_line.format(count=len(cluster.nodes), nodes=", ".join(cluster.nodes), folder=folder) + cards)
+            print(f"export {SLURM_CONF_ENV}={cluster.conf}")
         elif args.action == "status":
             cluster = status(folder)
             if cluster is None:
-                print(f"no practice cluster runs from {folder}")
+                print(_("no practice cluster runs from {folder}").format(folder=folder))
                 return 1
             print(cluster.run("sinfo", "-N"), end="")
         elif args.action == "down":
             if not down(folder):
-                print(f"no practice cluster to stop in {folder}")
+                print(_("no practice cluster to stop in {folder}").format(folder=folder))
                 return 1
-            print(f"practice cluster in {folder} stopped: no daemon left")
+            print(_("practice cluster in {folder} stopped: no daemon left").format(folder=folder))
         else:
             _guard(folder)
     except ClusterError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(_("error: {error}").format(error=error), file=sys.stderr)
         return 2
     return 0
 

@@ -44,13 +44,13 @@ from typing import Any
 
 from .language import _
 from .lifecycle import die_with_parent
-from .reporting import shorten_paths, this_rank
-from .rundir import CRASH, DOCTOR, DOCTOR_ENV, DONE, ERROR, LABEL_ENV, PID, STDERR, STDOUT, RunDir
+from .reporting import error_record, this_rank
+from .rundir import CRASH, DOCTOR, DOCTOR_ENV, DONE, ERROR, LABEL_ENV, LOCAL_RANK_ENV, PID, STDERR, STDOUT, RunDir, setting
 
 
 def _die_with_parent() -> None:
     """Ask Linux to kill this rank if torchrun dies, so a killed kernel leaves no rank behind."""
-    if not die_with_parent() and sys.platform.startswith("linux") and os.environ.get("LOCAL_RANK", "0") == "0":
+    if not die_with_parent() and sys.platform.startswith("linux") and os.environ.get(LOCAL_RANK_ENV, "0") == "0":
         print(_("fourcard: this system's C library has no prctl(), so ranks cannot ask to die with torchrun; if "
                 "torchrun is killed, stop its ranks yourself (see leftover_processes())."), file=sys.stderr, flush=True)
 
@@ -70,10 +70,7 @@ def _error_record(error: BaseException, rank: int, when: float) -> dict[str, Any
     plumbing = {str(here), str(here.with_name("rundir.py")), str(here.with_name("reporting.py"))}
     frames = [frame for frame in traceback.extract_tb(error.__traceback__)
               if str(Path(frame.filename).resolve()) not in plumbing]
-    lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames)]
-    lines += traceback.format_exception_only(type(error), error)
-    return {"rank": rank, "time": when, "type": type(error).__name__,
-            "message": str(error), "traceback": shorten_paths("".join(lines))}
+    return error_record(error, rank, frames, when)
 
 
 def _end_as_a_terminal_would(skip_atexit: bool = False) -> None:
@@ -147,7 +144,7 @@ def main(argv: list[str]) -> None:
         crash_log = open(run.file(CRASH, rank), "w", encoding="utf-8")  # noqa: SIM115
         faulthandler.enable(crash_log)
     script = Path(argv[0])
-    label = os.environ.get(LABEL_ENV, str(script))
+    label = setting(LABEL_ENV) or str(script)
     source = script.read_text(encoding="utf-8")
     # Register the source under its label so tracebacks show the script's own lines.
     linecache.cache[label] = (len(source), None, source.splitlines(True), label)
@@ -158,7 +155,7 @@ def main(argv: list[str]) -> None:
     code = 0
     skip_atexit = False  # the script ended itself with os._exit, which runs no atexit handler
     observer = None
-    if run is not None and os.environ.get(DOCTOR_ENV, "1") != "0":
+    if run is not None and setting(DOCTOR_ENV, "1") != "0":
         from .doctor import Observer  # imports torch, which the script is about to import anyway
 
         observer = Observer()

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from fourcard_helpers.cards import CardsError, detect
+from fourcard_helpers.rundir import DEVICE_ENV, RENAMED
 
 
 @pytest.fixture
@@ -21,7 +22,8 @@ def two_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_no_gpu_gives_simulated_cards(no_gpu: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("FOURCARD_DEVICE", raising=False)
+    monkeypatch.delenv(DEVICE_ENV, raising=False)
+    monkeypatch.delenv(RENAMED[DEVICE_ENV], raising=False)
     cards = detect(4)
     assert (cards.kind, cards.count, cards.backend) == ("cpu", 4, "gloo")
     assert cards.device(3) == torch.device("cpu")
@@ -29,14 +31,16 @@ def test_no_gpu_gives_simulated_cards(no_gpu: None, monkeypatch: pytest.MonkeyPa
 
 
 def test_too_few_gpus_fall_back_to_simulated_cards(two_gpus: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("FOURCARD_DEVICE", raising=False)
+    monkeypatch.delenv(DEVICE_ENV, raising=False)
+    monkeypatch.delenv(RENAMED[DEVICE_ENV], raising=False)
     cards = detect(4)
     assert cards.kind == "cpu"
     assert "only 2 GPUs found for 4 ranks" in cards.describe()
 
 
 def test_enough_gpus_use_nccl(two_gpus: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("FOURCARD_DEVICE", raising=False)
+    monkeypatch.delenv(DEVICE_ENV, raising=False)
+    monkeypatch.delenv(RENAMED[DEVICE_ENV], raising=False)
     cards = detect(2)
     assert (cards.kind, cards.backend) == ("cuda", "nccl")
     assert cards.device(1) == torch.device("cuda", 1)
@@ -44,24 +48,40 @@ def test_enough_gpus_use_nccl(two_gpus: None, monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_forcing_cpu_on_a_gpu_machine(two_gpus: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FOURCARD_DEVICE", "cpu")
+    monkeypatch.setenv(DEVICE_ENV, "cpu")
     cards = detect(2)
-    assert cards.kind == "cpu" and cards.describe().endswith("FOURCARD_DEVICE=cpu")
+    assert cards.kind == "cpu" and cards.describe().endswith("FOURCARDS_DEVICE=cpu")
 
 
 def test_demanding_more_gpus_than_exist_says_what_to_do(two_gpus: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FOURCARD_DEVICE", "cuda")
-    with pytest.raises(CardsError, match=r"4 ranks asked for but 2 GPUs found.*nproc=2.*FOURCARD_DEVICE=cpu"):
+    monkeypatch.setenv(DEVICE_ENV, "cuda")
+    with pytest.raises(CardsError, match=r"4 ranks asked for but 2 GPUs found.*nproc=2.*FOURCARDS_DEVICE=cpu"):
         detect(4)
 
 
 def test_demanding_gpus_without_any(no_gpu: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FOURCARD_DEVICE", "cuda")
+    monkeypatch.setenv(DEVICE_ENV, "cuda")
     with pytest.raises(CardsError, match="no GPU found"):
         detect(4)
 
 
 def test_unknown_choice_is_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FOURCARD_DEVICE", "gpu")
+    monkeypatch.setenv(DEVICE_ENV, "gpu")
     with pytest.raises(CardsError, match="auto, cpu, cuda"):
         detect(4)
+
+
+def test_the_old_name_still_works_and_says_the_new_one(two_gpus: None, monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """FOURCARD_DEVICE, the name before the one prefix, is still read for a while, with one line naming the new
+    one (once a process), and what the cards say names the variable the learner set."""
+    from fourcard_helpers import rundir
+
+    monkeypatch.delenv(DEVICE_ENV, raising=False)
+    monkeypatch.setenv("FOURCARD_DEVICE", "cpu")
+    monkeypatch.setattr(rundir, "_noticed", set())
+    assert detect(2).describe().endswith("FOURCARD_DEVICE=cpu") and detect(2).kind == "cpu"
+    assert capsys.readouterr().err == ("fourcards: FOURCARD_DEVICE still works for now, but its name is now "
+                                       "FOURCARDS_DEVICE: set FOURCARDS_DEVICE instead.\n")
+    monkeypatch.setenv(DEVICE_ENV, "auto")  # the new name wins, silently
+    assert detect(2).kind == "cuda" and capsys.readouterr().err == ""

@@ -8,6 +8,7 @@ import pytest
 
 from fourcard_helpers.doctor import examine
 from fourcard_helpers.launch import leftover_processes, torchrun
+from fourcard_helpers.rundir import RUN_DIR_ENV
 
 PRELUDE = """
 import os, torch, torch.nn as nn, torch.nn.functional as F, torch.distributed as dist
@@ -89,7 +90,7 @@ if dist.get_rank() == 0:
     torch.save(model.module.state_dict(), os.environ["OUT"])
 dist.barrier()
 dist.destroy_process_group()
-""".replace('os.environ["OUT"]', 'os.path.join(os.environ["FOURCARD_RUN_DIR"], "model.pt")'), nproc=4)
+""".replace('os.environ["OUT"]', f'os.path.join(os.environ["{RUN_DIR_ENV}"], "model.pt")'), nproc=4)
     assert warnings == []
 
 
@@ -101,8 +102,8 @@ def test_a_sampler_without_set_epoch_is_caught() -> None:
 
 
 def test_every_rank_saving_the_same_checkpoint_is_caught() -> None:
-    warnings = launch(DDP_START + """
-torch.save(model.module.state_dict(), os.path.join(os.environ["FOURCARD_RUN_DIR"], "checkpoint.pt"))
+    warnings = launch(DDP_START + f"""
+torch.save(model.module.state_dict(), os.path.join(os.environ["{RUN_DIR_ENV}"], "checkpoint.pt"))
 dist.barrier()
 dist.destroy_process_group()
 """)

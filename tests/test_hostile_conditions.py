@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from fourcard_helpers.rundir import RUN_DIR_ENV
 from test_notebooks import NOTEBOOKS
 
 LESSON = NOTEBOOKS[0]
@@ -63,7 +64,7 @@ def test_lesson_00_holds(condition: str) -> None:
     copy = home / "four-cards" / "notebooks"
     shutil.copytree(LESSON.parent, copy, ignore=shutil.ignore_patterns("runs", "traces", ".ipynb_checkpoints"))
     env = {**os.environ, "HOME": str(home), "TMPDIR": str(root)}
-    env.pop("FOURCARD_RUN_DIR", None)
+    env.pop(RUN_DIR_ENV, None)
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(copy), "-o", "addopts=",
                "--nbval", "--nbval-current-env", "--nbval-sanitize-with", str(copy / "sanitize.cfg"),
                "--nbval-cell-timeout=300", str(copy / LESSON.name)]

@@ -13,7 +13,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ import torch
 
 from fourcard_helpers.cards import detect
 from fourcard_helpers.launch import LaunchError, leftover_processes, rank_environment, rank_pids, torchrun
+from fourcard_helpers.lifecycle import wait_until
 from fourcard_helpers.rundir import DEVICE_ENV, RUN_DIR_ENV
 
 
@@ -44,9 +44,10 @@ def script(tmp_path: Path, body: str, name: str = "job.py") -> Path:
 def assert_nothing_left(launcher_pid: int | None = None) -> None:
     """No torchrun and no rank of this process's launches (or of `launcher_pid`'s) still runs.
     Waits for the event, with a deadline far beyond what stopping takes."""
-    deadline = time.monotonic() + 60
-    while leftover_processes(launcher_pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    try:
+        wait_until(lambda: not leftover_processes(launcher_pid), 60)
+    except TimeoutError:
+        pass  # the assert below names what is left
     assert leftover_processes(launcher_pid) == []
 
 
@@ -276,11 +277,11 @@ def test_rank_pids_finds_each_rank_of_a_running_launch(tmp_path: Path) -> None:
     seen: list[dict[int, int]] = []
 
     def watch() -> None:
-        deadline = time.monotonic() + 120  # bounds only a launch that never starts
-        while len(found := rank_pids()) < 3 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        seen.append(found)
-        go.touch()
+        try:
+            wait_until(lambda: len(rank_pids()) >= 3, 120)  # the bound only ends a launch that never starts
+        finally:
+            seen.append(rank_pids())
+            go.touch()
 
     watcher = threading.Thread(target=watch)
     watcher.start()

@@ -11,22 +11,23 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 import uuid
 
-from fourcard_helpers.lifecycle import KernelPipe, alive, marked_processes, stop
+import pytest
 
-MARK = "FOURCARD_TEST_LIFECYCLE"
+from fourcard_helpers.lifecycle import (KernelPipe, alive, carries, descendants, environment, first_dead,
+                                        marked_processes, quiet_kill, stop, wait_until)
+from fourcard_helpers.rundir import PREFIX
+
+MARK = PREFIX + "TEST_LIFECYCLE"
 
 
 def gone_within(pids: list[int], seconds: float = 30) -> bool:
     """Whether every pid has ended before the deadline (which bounds a failure only)."""
-    deadline = time.monotonic() + seconds
-    while any(alive(pid) for pid in pids):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
+    try:
+        return wait_until(lambda: not any(alive(pid) for pid in pids), seconds) is None
+    except TimeoutError:
+        return False
 
 
 def python(code: str) -> list[str]:
@@ -73,8 +74,7 @@ def test_a_process_that_asked_dies_with_its_parent() -> None:
         assert gone_within([int(child_pid)])
     finally:
         parent.kill()
-        if alive(int(child_pid)):
-            os.kill(int(child_pid), signal.SIGKILL)
+        quiet_kill(int(child_pid), signal.SIGKILL)
 
 
 def test_stop_leaves_nothing_of_a_group_that_ignores_sigterm_nor_of_a_straggler() -> None:
@@ -94,13 +94,44 @@ def test_stop_leaves_nothing_of_a_group_that_ignores_sigterm_nor_of_a_straggler(
         # Seen in CI on a busy machine: right after "ready", the second child was not yet listed (2 of 3). A process
         # that has only just been started can be missed by a scan of environments: wait for the three to be listed
         # (the deadline bounds a failure only).
-        deadline = time.monotonic() + 30
-        while len(marked_processes(MARK, tag)) < 3 and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: len(marked_processes(MARK, tag)) >= 3, 30)
         assert len(marked_processes(MARK, tag)) == 3
         stop([root], lambda: marked_processes(MARK, tag), grace=1.0)
         assert root.poll() is not None and marked_processes(MARK, tag) == []
     finally:
         pipe.close()
         for pid in marked_processes(MARK, tag):
-            os.kill(pid, signal.SIGKILL)
+            quiet_kill(pid, signal.SIGKILL)
+
+
+def test_stop_takes_pids_of_processes_it_did_not_start_and_ends_one_that_ignores_sigterm() -> None:
+    """The practice cluster's daemons are known by pid alone (recorded in its folder): SIGTERM, the grace, SIGKILL."""
+    tag = uuid.uuid4().hex
+    polite = subprocess.Popen(python("import time; print('ready', flush=True); time.sleep(600)"),
+                              env={**os.environ, MARK: tag}, stdout=subprocess.PIPE, start_new_session=True)
+    stubborn = subprocess.Popen(python("""
+        import signal, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print("ready", flush=True)
+        time.sleep(600)
+    """), env={**os.environ, MARK: tag}, stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        assert all(proc.stdout is not None and proc.stdout.readline() == b"ready\n" for proc in (polite, stubborn))
+        assert carries(polite.pid, MARK, tag) and environment(stubborn.pid)[MARK] == tag
+        assert set(descendants([os.getpid()])) >= {os.getpid(), polite.pid, stubborn.pid}
+        stop([polite.pid, stubborn.pid], grace=1.0)
+        assert polite.wait(timeout=30) == -signal.SIGTERM and stubborn.wait(timeout=30) == -signal.SIGKILL
+        assert marked_processes(MARK, tag) == [] and not carries(polite.pid, MARK, tag)
+    finally:
+        for proc in (polite, stubborn):
+            proc.kill()
+            proc.wait()
+
+
+def test_a_wait_for_readiness_fails_as_soon_as_a_process_it_needs_has_died() -> None:
+    """Without the process, what it was to make ready never comes: the wait says which died, not a timeout."""
+    needed = subprocess.Popen(python("import sys; sys.exit(3)"))
+    assert wait_until(lambda: False, 600, lambda: first_dead({"the daemon": needed})) == "the daemon"
+    assert wait_until(lambda: True, 600, lambda: first_dead({"the daemon": needed})) is None  # ready comes first
+    with pytest.raises(TimeoutError):
+        wait_until(lambda: False, 0.1)

@@ -29,9 +29,6 @@ NOT_SCANNED = {"solutions": "reference solutions: the learner's own code, as doc
                "schedules.py": "lesson 07's own functions, which its code cells define and tests/test_lesson_copies.py "
                                "keeps equal: code the learner reads, English in both editions"}
 NOT_YET = {
-    "ranks.py": "the warm session's messages, routed through the catalog by its own change",
-    "rank_processes.py": "the warm session's rank side, with ranks.py",
-    "slurm.py": "lesson 12b's cluster plumbing, with its own owner",
     "costmodel.py": "the cost model's argument errors, with its own owner",
 }
 # Prose that is not a message to the learner (module, how it starts), each with why.

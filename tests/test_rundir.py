@@ -1,14 +1,20 @@
 """The run folder contract and `report()`, without a launch."""
 from __future__ import annotations
 
+import ast
+import json
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from fourcard_helpers.rundir import ERROR, REPORT, RUN_DIR_ENV, RunDir
+from fourcard_helpers import rundir
+from fourcard_helpers.rundir import CELL, ERROR, PREFIX, RANK_ENV, REPORT, RUN_DIR_ENV, ReportReader, RunDir
 from fourcard_helpers.reporting import report
+
+PACKAGE = Path(rundir.__file__).resolve().parent
 
 
 def test_records_are_named_by_kind_and_rank(tmp_path: Path) -> None:
@@ -45,14 +51,18 @@ def test_an_atomic_write_leaves_no_partial_record(tmp_path: Path, monkeypatch: p
 
 def test_report_sends_json_lines_per_rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(RUN_DIR_ENV, str(tmp_path))
-    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv(RANK_ENV, "2")
+    reader = ReportReader(RunDir(tmp_path))
     report(loss=torch.tensor(0.5), grads=torch.ones(2, requires_grad=True) * 2, n=np.int64(3),
            dtype=torch.float32, device=torch.device("cpu"), path=Path("a/b.pt"), shape=(1, 2), np_dtype=np.dtype("f4"))
-    report(step=1)
-    assert RunDir(tmp_path).read_json_lines(REPORT) == {2: [
-        {"loss": 0.5, "grads": [2.0, 2.0], "n": 3, "dtype": "torch.float32", "device": "cpu",
-         "path": "a/b.pt", "shape": [1, 2], "np_dtype": "float32"},
-        {"step": 1}]}
+    first = {"loss": 0.5, "grads": [2.0, 2.0], "n": 3, "dtype": "torch.float32", "device": "cpu",
+             "path": "a/b.pt", "shape": [1, 2], "np_dtype": "float32"}
+    assert [(rank, json.loads(line)) for rank, line in reader.take()] == [(2, first)]
+    report(step=1, loss=0.25)
+    with open(RunDir(tmp_path).file(REPORT, 2), "a", encoding="utf-8") as out:
+        out.write('{"half": ')  # a line being written: not taken yet
+    assert [rank for rank, _line in reader.take()] == [2] and reader.take() == []  # each line taken once
+    assert reader.values == {2: {**first, "step": 1, "loss": 0.25}}  # a later value replaces the earlier one
 
 
 def test_report_refuses_values_that_would_arrive_as_meaningless_text(tmp_path: Path,
@@ -86,3 +96,34 @@ def test_a_refused_report_is_blamed_on_the_script_line(tmp_path: Path, monkeypat
         record = worker._error_record(error, 0, 0.0)
     assert 'job.py", line 2, in <module>' in record["traceback"]
     assert "worker.py" not in record["traceback"] and record["type"] == "TypeError"
+
+
+def test_the_launchs_own_files_are_named_by_the_contract(tmp_path: Path) -> None:
+    assert RunDir(tmp_path).part(CELL) == tmp_path / "cell.py"
+    with pytest.raises(ValueError, match="unknown record kind 'notes.txt'"):
+        RunDir(tmp_path).part("notes.txt")
+
+
+def _code_strings(path: Path) -> list[tuple[int, str]]:
+    """(line, text) of every string in the code of `path`: docstrings left out, f-strings' own parts included."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings]
+
+
+def test_every_variable_of_the_course_is_named_in_rundir_alone_under_one_prefix() -> None:
+    names = {value for name, value in vars(rundir).items() if name.endswith("_ENV") and value.startswith("FOURCARD")}
+    assert names and all(name.startswith(PREFIX) for name in names)
+    assert all(old.startswith("FOURCARD_") and new.startswith(PREFIX) for new, old in rundir.RENAMED.items())
+    spelled = [f"{path.relative_to(PACKAGE)}:{line}: {text!r}" for path in sorted(PACKAGE.rglob("*.py"))
+               if path.name != "rundir.py" for line, text in _code_strings(path) if re.search(r"FOURCARDS?_[A-Z]", text)]
+    assert spelled == [], "import the name from fourcard_helpers.rundir:\n" + "\n".join(spelled)
+
+
+def test_the_process_table_is_read_in_lifecycle_alone() -> None:
+    readers = [f"{path.relative_to(PACKAGE)}:{line}: {text!r}" for path in sorted(PACKAGE.rglob("*.py"))
+               if path.name != "lifecycle.py" for line, text in _code_strings(path) if "/proc" in text]
+    assert readers == [], "ask fourcard_helpers.lifecycle:\n" + "\n".join(readers)

@@ -12,12 +12,13 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
-from fourcard_helpers.lifecycle import alive, marked_processes
+from fourcard_helpers.lifecycle import (alive, carries, command_line, listening, listens_on_port,
+                                        marked_processes, memory_mb, owner, wait_until)
+from fourcard_helpers.rundir import DEVICE_ENV, RENAMED, SLURM_CONF_ENV, VENV_ENV
 from fourcard_helpers.slurm import (INSTALL_HINT, MARK_ENV, ClusterError, claimed_blocks, down, missing_programs,
                                     practice_cluster, status, up)
 
@@ -31,10 +32,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _wait_until(condition, what: str, bound: float = 60.0) -> None:
     """Wait for an event; the bound only keeps a broken cluster from hanging the suite."""
-    deadline = time.monotonic() + bound
-    while not condition():
-        assert time.monotonic() < deadline, f"not after {bound:.0f} s: {what}"
-        time.sleep(0.05)
+    try:
+        wait_until(condition, bound)
+    except TimeoutError:
+        pytest.fail(f"not after {bound:.0f} s: {what}")
 
 
 def _tasks(name: str) -> list[str]:
@@ -45,15 +46,7 @@ def _tasks(name: str) -> list[str]:
 def _steps_of(folder: Path) -> list[str]:
     """Pids of the `slurmstepd` processes of the cluster in `folder` (slurmd hands each the cluster's SLURM_CONF):
     another practice cluster on this machine (lesson 12b, run beside the tests) has steps of its own."""
-    conf = f"SLURM_CONF={folder / 'slurm.conf'}".encode()
-    steps = []
-    for pid in _tasks("slurmstepd"):
-        try:
-            if conf in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
-                steps.append(pid)
-        except OSError:  # ended meanwhile
-            continue
-    return steps
+    return [pid for pid in _tasks("slurmstepd") if carries(int(pid), SLURM_CONF_ENV, str(folder / "slurm.conf"))]
 
 
 def _finished(cluster, job: str, bound: float = 300) -> str:
@@ -74,23 +67,7 @@ def _nothing_left(folder: Path, pids: dict[str, int], munge_dir: Path | None = N
     assert str(folder) not in _claimed_blocks()  # its job ids are free for the next cluster
 
 
-def _listening(pid: int) -> set[str]:
-    """The addresses (hex, as /proc/net/tcp writes them) on which process `pid` listens for TCP connections."""
-    inodes = set()
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        try:
-            target = os.readlink(fd)
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    addresses = set()
-    for table in ("tcp", "tcp6"):
-        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
-            fields = line.split()
-            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
-                addresses.add(fields[1].split(":")[0])
-    return addresses
+_listening = listening  # the addresses (hex, as Linux's TCP table writes them) a process listens on
 
 
 def test_up_runs_a_two_node_job_and_down_leaves_nothing(tmp_path):
@@ -99,13 +76,13 @@ def test_up_runs_a_two_node_job_and_down_leaves_nothing(tmp_path):
     munged checking its files' permissions (no --force), and a history of ended jobs that `sacct -c` reads."""
     cluster = up(2, tmp_path / "cluster")
     try:
-        cores, memory = max(1, os.cpu_count() // 2), _meminfo_mb() // 2
+        cores, memory = max(1, os.cpu_count() // 2), memory_mb() // 2
         nodes = cluster.run("sinfo", "-h", "-N", "-o", "%N %t %c %m").split()
         assert nodes == ["n1", "idle", str(cores), str(memory), "n2", "idle", str(cores), str(memory)]
         assert status(cluster.dir) == cluster
         assert {name: _listening(pid) for name, pid in cluster.pids.items() if name != "munged"} == {
             name: {"0100007F"} for name in cluster.pids if name != "munged"}  # 127.0.0.1, not 0.0.0.0
-        assert "--force" not in Path(f"/proc/{cluster.pids['munged']}/cmdline").read_bytes().split(b"\0")
+        assert command_line(cluster.pids["munged"]) and "--force" not in command_line(cluster.pids["munged"])
         assert (cluster.munge_dir.stat().st_mode & 0o7777, (cluster.dir / "munge" / "munge.key").stat().st_mode & 0o777) == (0o711, 0o400)
         job = tmp_path / "job.sh"
         job.write_text(textwrap.dedent("""\
@@ -116,10 +93,9 @@ def test_up_runs_a_two_node_job_and_down_leaves_nothing(tmp_path):
             """))
         submitted = subprocess.Popen(["sbatch", "--wait", f"--chdir={tmp_path}", f"--output={tmp_path}/out-%j.txt", str(job)],
                                      env=cluster.environment(), stdout=subprocess.PIPE, text=True)
-        conf = f"SLURM_CONF={cluster.conf}".encode()
-
         def sruns_listening() -> set[str]:  # this cluster's srun, which the nodes call back with the tasks' output
-            return {address for pid in _tasks("srun") if conf in _environ(int(pid)) for address in _listening(int(pid))}
+            return {address for pid in _tasks("srun") if carries(int(pid), SLURM_CONF_ENV, str(cluster.conf))
+                    for address in _listening(int(pid))}
 
         _wait_until(lambda: sruns_listening() or submitted.poll() is not None, "the job's srun listening")
         assert sruns_listening() == {"0100007F"}
@@ -186,8 +162,8 @@ def test_a_port_taken_fails_in_one_sentence_and_leaves_nothing(tmp_path, monkeyp
     with socket.socket() as held:  # another program listens on the port `up` picked for the controller
         held.bind(("127.0.0.1", 0))
         held.listen()
-        free_ports = slurm._free_ports
-        monkeypatch.setattr(slurm, "_free_ports", lambda count: [held.getsockname()[1], *free_ports(count - 1)])
+        free_ports = slurm.free_ports
+        monkeypatch.setattr(slurm, "free_ports", lambda count: [held.getsockname()[1], *free_ports(count - 1)])
         with pytest.raises(ClusterError, match=r"slurmctld stopped while starting .* Another program took its port"):
             up(2, tmp_path / "cluster")
     assert marked_processes(MARK_ENV, str(tmp_path / "cluster")) == [] and not (tmp_path / "cluster" / "cluster.json").exists()
@@ -271,7 +247,7 @@ def test_an_ordinary_user_runs_the_cluster(tmp_path):
                              capture_output=True, text=True)
         assert ran.returncode == 0, ran.stderr
         assert sorted((home / "job" / "out.txt").read_text().splitlines()) == ["n1 nobody", "n2 nobody"]
-        owners = {Path(f"/proc/{pid}").stat().st_uid for pid in marked_processes(MARK_ENV, str(folder))}
+        owners = {owner(pid) for pid in marked_processes(MARK_ENV, str(folder))}
         assert owners == {65534}  # every daemon runs as the learner
         claimed = _claimed_blocks()
         assert claimed[str(folder)] != claimed[str((tmp_path / "root's").resolve())]  # the two users' jobs are numbered apart
@@ -303,7 +279,9 @@ def test_lesson_12s_batch_file_runs_unchanged_survives_a_killed_rank_and_ends_wi
 def _submit(cluster, tmp_path: Path, run: str, epochs: int, data: str, *options: str, **environment: str) -> str:
     """Submit lesson 12's batch file, unchanged, from the notebooks folder: two nodes, one rank each. Slow data is
     lesson 12b's (notebooks/slow_epochs.py): each item 4 ms late, about 1 s an epoch, the same numbers."""
-    env = {**cluster.environment(), "NPROC_PER_NODE": "1", "FOURCARDS_VENV": sys.prefix, "FOURCARD_DEVICE": "cpu", **environment}
+    # train_any.py reads the cards' setting under its old name (rundir.RENAMED), the course under the new one
+    env = {**cluster.environment(), "NPROC_PER_NODE": "1", VENV_ENV: sys.prefix, DEVICE_ENV: "cpu",
+           RENAMED[DEVICE_ENV]: "cpu", **environment}
     return subprocess.run(
         ["sbatch", "--parsable", *options, "--gpus-per-node=0", "--cpus-per-task=1", f"--output={tmp_path}/{run}.out",
          "scripts/12_two_nodes.sbatch", "--model", "crash_once:build_model", "--optimizer", "sgd", "--lr", "0.05",
@@ -349,20 +327,13 @@ def test_lesson_12s_batch_file_requeues_itself_on_the_time_limit_warning(tmp_pat
 
 
 def _hex(address: str) -> str:
-    """An IPv4 address as /proc/net/tcp writes it (in the machine's byte order: reversed on x86 and ARM)."""
+    """An IPv4 address as Linux's TCP table writes it (in the machine's byte order: reversed on x86 and ARM)."""
     import socket
 
     return socket.inet_aton(address)[::-1].hex().upper() if sys.byteorder == "little" else socket.inet_aton(address).hex().upper()
 
 
-def _listens_on_port(pid: int, port: int) -> bool:
-    """Whether anything in the network namespace of process `pid` listens on TCP `port` (its own /proc/net tables)."""
-    for table in ("tcp", "tcp6"):
-        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
-            fields = line.split()
-            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
-                return True
-    return False
+_listens_on_port = listens_on_port  # in the network namespace of the process, on its own tables
 
 
 @pytest.mark.slow
@@ -409,17 +380,6 @@ def test_lesson_12s_batch_file_on_nodes_at_two_addresses_has_one_store_host(tmp_
         assert "torchrun" not in log and "Traceback" not in log  # it stopped before any torchrun started
     assert not any(namespace in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
                    for namespace in cluster.namespaces.values())  # `down` removed the network
-
-
-def _meminfo_mb() -> int:
-    return int(Path("/proc/meminfo").read_text().split("MemTotal:")[1].split()[0]) // 1024
-
-
-def _environ(pid: int) -> list[bytes]:
-    try:
-        return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return []
 
 
 def _read(path: Path) -> str:
