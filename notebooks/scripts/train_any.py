@@ -17,14 +17,17 @@ What the checkpoint folder holds, so that a crash costs at most one epoch and
                       so 4 ranks can save and 2 load), meta.json, each rank's RNG state
     epoch-NNNN-step-SSSSSS/  instead, when the training was asked to stop in the middle of an epoch:
                       NNNN epochs and SSSSSS optimizer steps of the next one done
+    metrics.json      one object per epoch: epoch, train_loss, test_loss, test_accuracy, samples_per_s, seconds
+    model.pt          the final weights as a plain state_dict, whatever the strategy:
+                      model.load_state_dict(torch.load("model.pt", weights_only=True))
 
 Asked to stop (SIGTERM or SIGUSR1 to any rank, or --stop-file appearing, which lesson 12's SLURM
 batch file writes at the time-limit warning), the ranks agree at the next optimizer step (one
 all-reduce of a flag after every step), save that step's checkpoint and exit with status 0;
 --resume continues from the next step, as if never stopped.
-    metrics.json      one object per epoch: epoch, train_loss, test_loss, test_accuracy, samples_per_s, seconds
-    model.pt          the final weights as a plain state_dict, whatever the strategy:
-                      model.load_state_dict(torch.load("model.pt", weights_only=True))
+
+Read it from `main` at the bottom: it is the table of contents, and each step it names is a
+function above it, in the order main calls them.
 """
 import argparse
 import importlib
@@ -39,36 +42,48 @@ import sys
 import threading
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions
+from torch.distributed.checkpoint.state_dict import get_model_state_dict
+from torch.distributed.checkpoint.state_dict import get_state_dict
+from torch.distributed.checkpoint.state_dict import set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader
+from torch.utils.data import Dataset
+from torch.utils.data import DistributedSampler
 
 try:  # in the course's notebooks, results go back to the cell; anywhere else they are printed
     from fourcard_helpers import report
 except ImportError:
     def report(**values):
         print(f"report from rank {os.environ.get('RANK', '0')}: {json.dumps(values)}", flush=True)
-CHECKPOINT = r"epoch-\d{4}(-step-\d{6})?"  # a checkpoint folder's name
 
-try:
+try:  # a progress bar where tqdm is installed; the training needs none
     from tqdm import tqdm
 except ImportError:
     def tqdm(iterable, **_):
         return iterable
 
+CHECKPOINT = r"epoch-\d{4}(-step-\d{6})?"  # a checkpoint folder's name
 
-def main(argv=None):
-    """Train as the command line `argv` (default: sys.argv[1:]) says. A function, so that tests can call it
-    in-process; read it top to bottom as a script: numbered steps, comments say why."""
+
+# ---------------------------------------------------------------------------------------------------
+# 1. What the user gave: the command line, their model and data, an old checkpoint. All of it is
+#    checked before any rank talks to another (see fail).
+
+def parse_arguments(argv):
+    """The command line (`--help` lists it). Every rank parses the same one: torchrun gives them all the same."""
     parser = argparse.ArgumentParser(description=__doc__.partition("\n")[0])
     parser.add_argument("--model", required=True, help="MODULE:FUNCTION returning an nn.Module")
     parser.add_argument("--data", required=True, help="MODULE:FUNCTION returning (train_dataset, test_dataset)")
@@ -86,42 +101,63 @@ def main(argv=None):
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint, if there is one")
     parser.add_argument("--stop-file", help="when this file exists, save a checkpoint at the next step and stop "
                                             "(as on SIGTERM or SIGUSR1); a finished training removes it")
-    args = parser.parse_args(argv)
-
-    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    local_rank, local_world = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    return parser.parse_args(argv)
 
 
-    def fail(message):
-        """Stop every rank with the same message (printed once). Every check below runs before the
-        process group exists, so no rank can be left waiting in a collective for a rank that left."""
-        if rank == 0:
-            print(f"train_any: error: {message}", file=sys.stderr, flush=True)
-        sys.exit(2)
+@dataclass(frozen=True)
+class Place:
+    """This process among the ranks, as torchrun's environment says (rank 0 of 1 without torchrun),
+    and the device it trains on, once the set-up has chosen it."""
+    rank: int
+    world: int
+    local_rank: int  # among this node's ranks: it picks the GPU
+    local_world: int
+    device: torch.device = torch.device("cpu")
 
 
-    def load_function(spec, flag):
-        module_name, _, function_name = spec.partition(":")
-        if not module_name or not function_name:
-            fail(f"{flag} {spec!r} is not MODULE:FUNCTION, e.g. {flag} my_model:build_model")
-        try:
-            module = importlib.import_module(module_name)
-        except Exception as error:  # noqa: BLE001 - any import failure gets the same advice
-            fail(f"{flag} {spec}: cannot import {module_name!r} ({type(error).__name__}: {error}). "
-                 f"Run from the folder that holds {module_name.replace('.', '/')}.py, or add its folder to PYTHONPATH.")
-        function = getattr(module, function_name, None)
-        if not callable(function):
-            found = "is not defined" if function is None else f"has type {type(function).__name__}, not a function"
-            fail(f"{flag} {spec}: {function_name!r} {found} in {module.__file__}")
-        return function
+def place_from_torchrun():
+    """torchrun gives every rank these four numbers in its environment; plain `python` gives none."""
+    return Place(rank=int(os.environ.get("RANK", 0)), world=int(os.environ.get("WORLD_SIZE", 1)),
+                 local_rank=int(os.environ.get("LOCAL_RANK", 0)), local_world=int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
 
 
-    # 1. Everything the user gave, checked before any rank talks to another.
-    sys.path.insert(0, os.getcwd())  # like `python -m`; `python script.py` alone looks only next to the script
+def fail(message):
+    """Stop every rank with the same message (printed once, by rank 0). Every check that calls it runs
+    before the process group exists, so no rank can be left waiting in a collective for a rank that left."""
+    if int(os.environ.get("RANK", 0)) == 0:
+        print(f"train_any: error: {message}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+def check_arguments(args, world):
+    """The numbers and the strategy, before anything is imported or built."""
     if args.epochs < 1 or args.batch_size < 1 or args.accumulate < 1:
         fail("--epochs, --batch-size and --accumulate must be at least 1")
     if args.strategy == "single" and world > 1:
         fail(f"--strategy single trains on one card, but torchrun started {world} ranks: use --nproc-per-node=1")
+
+
+def load_function(spec, flag):
+    """The function that MODULE:FUNCTION names, or a message that says which part is wrong and what to do."""
+    module_name, _, function_name = spec.partition(":")
+    if not module_name or not function_name:
+        fail(f"{flag} {spec!r} is not MODULE:FUNCTION, e.g. {flag} my_model:build_model")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as error:  # noqa: BLE001 - any import failure gets the same advice
+        fail(f"{flag} {spec}: cannot import {module_name!r} ({type(error).__name__}: {error}). "
+             f"Run from the folder that holds {module_name.replace('.', '/')}.py, or add its folder to PYTHONPATH.")
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        found = "is not defined" if function is None else f"has type {type(function).__name__}, not a function"
+        fail(f"{flag} {spec}: {function_name!r} {found} in {module.__file__}")
+    return function
+
+
+def build_model_and_data(args):
+    """Call the user's two functions and check what they return, so that a mistake is named here and not
+    deep inside DataLoader or DDP. Reads item 0 of each data set, once."""
+    sys.path.insert(0, os.getcwd())  # like `python -m`; `python script.py` alone looks only next to the script
     build_model, build_datasets = load_function(args.model, "--model"), load_function(args.data, "--data")
     torch.manual_seed(args.seed)  # the same initial weights on every rank (and in every rerun)
     model = build_model()
@@ -138,10 +174,12 @@ def main(argv=None):
         if not (isinstance(item, (tuple, list)) and len(item) == 2):
             fail(f"--data {args.data}: {name} items must be (input, label) pairs, but item 0 is a "
                  f"{type(item).__name__}{f' of {len(item)} values' if isinstance(item, (tuple, list)) else ''}")
+    return model, train_set, test_set
 
-    # The checkpoint names every tensor and its shape: resuming another model's folder must fail clearly.
-    shapes = {name: list(value.shape) for name, value in model.state_dict().items()}
-    folder = Path(args.checkpoint_dir)
+
+def find_checkpoint(folder, args, shapes, world):
+    """The newest finished checkpoint in `folder` and, with --resume, its meta.json (else None). The
+    checkpoint names every tensor and its shape: resuming another model's folder must fail clearly."""
     finished = sorted(p for p in folder.glob("epoch-*") if re.fullmatch(CHECKPOINT, p.name) and (p / "meta.json").is_file())
     latest = finished[-1] if finished else None
     if latest and not args.resume:
@@ -155,14 +193,21 @@ def main(argv=None):
     if meta and meta.get("step") and meta["world"] != world:  # the rest of the epoch is each rank's share of it
         fail(f"{latest} stopped in the middle of an epoch on {meta['world']} ranks; its epoch can only be finished "
              f"on {meta['world']}: resume with {meta['world']} ranks, or from a finished epoch's checkpoint")
+    return latest, meta
 
-    # 2. Cards: GPUs with NCCL when there is one per rank, else CPU processes with gloo.
+
+# ---------------------------------------------------------------------------------------------------
+# 2. Set-up: the cards and the process group over them, and the ear for a request to stop.
+
+def join_process_group(strategy, place):
+    """GPUs with NCCL when there is one per rank, else CPU processes with gloo; rank 0 says which, and why.
+    Returns `place` with its device."""
     wanted = os.environ.get("FOURCARD_DEVICE", "auto")
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    on_gpu = wanted != "cpu" and gpus >= local_world
+    on_gpu = wanted != "cpu" and gpus >= place.local_world
     if wanted == "cuda" and not on_gpu:
-        fail(f"FOURCARD_DEVICE=cuda but {gpus} GPU(s) for {local_world} ranks on this machine")
-    device = torch.device("cuda", local_rank) if on_gpu else torch.device("cpu")
+        fail(f"FOURCARD_DEVICE=cuda but {gpus} GPU(s) for {place.local_world} ranks on this machine")
+    device = torch.device("cuda", place.local_rank) if on_gpu else torch.device("cpu")
     if on_gpu:
         torch.cuda.set_device(device)  # otherwise every rank's NCCL work lands on cuda:0
     backend = "nccl" if on_gpu else "gloo"
@@ -170,249 +215,359 @@ def main(argv=None):
         dist.init_process_group(backend, device_id=device if on_gpu else None)
     else:  # plain `python train_any.py`: a group of one, with an in-memory store, so the code below has one path
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, device_id=device if on_gpu else None)
-    if rank == 0:
+    if place.rank == 0:
+        world = place.world
         cards = f"{world} GPU{'s' * (world > 1)} with NCCL" if on_gpu else f"{world} CPU process{'es' * (world > 1)} with gloo"
-        why = "" if on_gpu else f" ({'FOURCARD_DEVICE=cpu' if wanted == 'cpu' else f'{gpus} GPU(s) for {local_world} ranks'})"
-        print(f"train_any: {args.strategy} on {cards}{why}", flush=True)
+        why = "" if on_gpu else f" ({'FOURCARD_DEVICE=cpu' if wanted == 'cpu' else f'{gpus} GPU(s) for {place.local_world} ranks'})"
+        print(f"train_any: {strategy} on {cards}{why}", flush=True)
+    return replace(place, device=device)
 
 
-    def all_sum(*values):
-        """Sum numbers over the ranks (one all_reduce for all of them)."""
-        total = torch.tensor(values, dtype=torch.float64, device=device)
-        dist.all_reduce(total)
-        return total.tolist()
+def all_sum(device, *values):
+    """Sum numbers over the ranks (one all_reduce for all of them)."""
+    total = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(total)
+    return total.tolist()
 
 
-    def set_rng(state):
-        torch.set_rng_state(state["torch"])
-        random.setstate(state["python"])
-        if on_gpu and state["cuda"] is not None:
-            torch.cuda.set_rng_state(state["cuda"])
+class StopRequest:
+    """A request to stop early: SLURM's SIGTERM (preemption, scancel; torchrun passes its own on to its
+    ranks), SIGUSR1, or the stop file. The signal handler only takes note: the ranks act on it together,
+    between two steps (asked_anywhere)."""
 
+    def __init__(self, stop_file, local_rank):
+        self.by, self.stop_file, self.local_rank = None, stop_file, local_rank
+        handled = (signal.SIGTERM, signal.SIGUSR1)
+        in_main_thread = threading.current_thread() is threading.main_thread()  # only there can Python set handlers
+        self.previous = {s: signal.signal(s, self.take_note) for s in handled} if in_main_thread else {}
 
-    # A request to stop early: SLURM's SIGTERM (preemption, scancel; torchrun passes its own on to its ranks),
-    # SIGUSR1, or the stop file. The handler only takes note: the ranks act on it together, between two steps.
-    asked = {"by": None}
+    def take_note(self, signum, frame):
+        # Only a note: Python runs a handler between any two lines, and a rank that stopped there would
+        # leave the others waiting for it in their next collective.
+        self.by = signal.Signals(signum).name
 
-    def take_note(signum, frame):
-        asked["by"] = signal.Signals(signum).name
-
-    handled = (signal.SIGTERM, signal.SIGUSR1)
-    previous = {s: signal.signal(s, take_note) for s in handled} if threading.current_thread() is threading.main_thread() else {}
-
-
-    def stop_now():
+    def asked_anywhere(self, device):
         """Whether any rank was asked to stop: one all-reduce, so that every rank stops after the same step.
         Each node's first rank looks for the stop file: the node that wrote it sees it at once, even where
         a shared file system shows other nodes a new file only seconds later."""
-        if asked["by"] is None and args.stop_file and local_rank == 0 and os.path.exists(args.stop_file):
-            asked["by"] = f"found {args.stop_file}"
-        return all_sum(float(asked["by"] is not None))[0] > 0
+        if self.by is None and self.stop_file and self.local_rank == 0 and os.path.exists(self.stop_file):
+            self.by = f"found {self.stop_file}"
+        return all_sum(device, float(self.by is not None))[0] > 0
+
+    def say_saved(self, name, step, steps_per_epoch, epoch):
+        """Rank 0's line for the log: who asked, and which checkpoint --resume will continue from."""
+        print(f"train_any: asked to stop ({self.by or 'by another rank'}): saved {name} after step {step} "
+              f"of {steps_per_epoch} in epoch {epoch + 1}; --resume continues from it", flush=True)
+
+    def restore_handlers(self):
+        """Give SIGTERM and SIGUSR1 back to whoever had them (a test or notebook calling main in-process)."""
+        for handled_signal, handler in self.previous.items():
+            signal.signal(handled_signal, handler)
 
 
-    # 3. Wrap the model for its strategy. Every rank built the same weights from the same seed.
-    model.to(device)
-    if args.strategy == "ddp":
-        model = DDP(model, device_ids=[local_rank] if on_gpu else None)
-    elif args.strategy == "fsdp":
+# ---------------------------------------------------------------------------------------------------
+# 3. The model wrapped for its strategy, and its optimizer. Every rank built the same weights from
+#    the same seed: FSDP2 keeps each rank's slice of that rank's own copy, so the copies must agree
+#    (DDP would broadcast rank 0's at the start anyway).
+
+def wrap_for_strategy(model, strategy, place):
+    """single: the model as it is, on its device; ddp: gradients averaged over the ranks at every
+    optimizer step; fsdp: every tensor sharded over the ranks."""
+    model.to(place.device)
+    if strategy == "ddp":
+        model = DDP(model, device_ids=[place.local_rank] if place.device.type == "cuda" else None)
+    elif strategy == "fsdp":
         # FSDP2: each child with parameters becomes a unit that is gathered just before it runs and
         # freed after, then the root collects what is left. Each rank stores 1/world of every tensor.
         # The mesh is named: FSDP2's default is CUDA in any CUDA build of torch, even for CPU ranks.
-        mesh = init_device_mesh(device.type, (world,))
+        mesh = init_device_mesh(place.device.type, (place.world,))
         for child in model.children():
             if any(p.requires_grad for p in child.parameters()):
                 fully_shard(child, mesh=mesh)
         fully_shard(model, mesh=mesh)
+    return model
+
+
+def make_optimizer(model, args):
+    """Built after wrapping: under FSDP it must hold each rank's shards, not the whole tensors."""
     if args.optimizer == "sgd":
-        optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    else:
-        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+        return torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    return torch.optim.AdamW(model.parameters(), lr=args.lr)
 
-    # 4. Data. Training: DistributedSampler gives each rank a 1/world share of one shuffle, a new
-    #    one each epoch (set_epoch); it pads with a few repeats so that every rank has as many batches.
-    train_sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
+
+def learning_rate(update, args, updates_per_epoch):
+    """The learning rate of optimizer step `update` (counted from the start of training). A pure
+    function of the step, not a scheduler object: nothing to checkpoint, and resuming is exact."""
+    total = args.epochs * updates_per_epoch
+    warmup = max(1, total // 10)
+    if args.schedule == "constant":
+        return args.lr
+    if update < warmup:
+        return args.lr * (update + 1) / warmup
+    return args.lr * 0.5 * (1 + math.cos(math.pi * (update - warmup) / max(1, total - warmup)))
+
+
+# ---------------------------------------------------------------------------------------------------
+# 4. Data: each rank reads its own share.
+
+class WeightedTest(Dataset):
+    """The test set padded to a multiple of the ranks, each item with a weight: 1, or 0 for a
+    padding repeat. Every rank gets as many batches (FSDP needs every rank in every forward),
+    and the weights keep the repeats out of the loss and accuracy: no sample counted twice."""
+
+    def __init__(self, data, world):
+        self.data, self.size = data, math.ceil(len(data) / world) * world
+
+    def __len__(self):
+        return self.size
+
+    def __getitem__(self, index):
+        x, y = self.data[index % len(self.data)]
+        return x, y, float(index < len(self.data))
+
+
+def make_loaders(train_set, test_set, args, place):
+    """Training: DistributedSampler gives each rank a 1/world share of one shuffle, a new one each epoch
+    (set_epoch); it pads with a few repeats so that every rank has as many batches. Test: the weighted,
+    padded set above, each rank its share, in order."""
+    train_sampler = DistributedSampler(train_set, num_replicas=place.world, rank=place.rank, shuffle=True, seed=args.seed)
     train_loader = DataLoader(train_set, batch_size=args.batch_size, sampler=train_sampler)
-
-
-    class WeightedTest(Dataset):
-        """The test set padded to a multiple of the ranks, each item with a weight: 1, or 0 for a
-        padding repeat. Every rank gets as many batches (FSDP needs every rank in every forward),
-        and the weights keep the repeats out of the loss and accuracy: no sample counted twice."""
-
-        def __init__(self, data):
-            self.data, self.size = data, math.ceil(len(data) / world) * world
-
-        def __len__(self):
-            return self.size
-
-        def __getitem__(self, index):
-            x, y = self.data[index % len(self.data)]
-            return x, y, float(index < len(self.data))
-
-
-    weighted_test = WeightedTest(test_set)
+    weighted_test = WeightedTest(test_set, place.world)
     test_loader = DataLoader(weighted_test, batch_size=args.batch_size,
-                             sampler=DistributedSampler(weighted_test, world, rank, shuffle=False))
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.precision == "bf16")
+                             sampler=DistributedSampler(weighted_test, place.world, place.rank, shuffle=False))
+    return train_sampler, train_loader, test_loader
 
-    # 5. Resume: model and optimizer through torch.distributed.checkpoint (it reshards FSDP's pieces
-    #    for however many ranks load them), then the epoch and this rank's random number generators.
-    start_epoch, start_step, start_loss, metrics, pending_rng = 0, 0, 0.0, [], None
-    if meta:
-        state = dict(zip(("model", "optimizer"), get_state_dict(model, optimizer)))
-        dcp.load(state, checkpoint_id=latest)
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
-        start_epoch, start_step = meta["epoch"], meta.get("step", 0)
-        rng_file = latest / f"rng-rank{rank}.pt"
-        if meta["world"] == world:
-            rng = torch.load(rng_file, weights_only=True)
-            start_loss = rng.get("loss_sum", 0.0)  # this rank's loss so far in a stopped epoch
-            if start_step:  # in the middle of an epoch: after the epoch's DataLoader iterator has drawn its seed
-                pending_rng = rng
-            else:
-                set_rng(rng)
-        elif rank == 0:
-            print(f"train_any: saved on {meta['world']} ranks, resumed on {world}: weights and optimizer are exact, "
-                  "the random streams (dropout, augmentation) start afresh", flush=True)
-        if (folder / "metrics.json").is_file():
-            metrics = [m for m in json.loads((folder / "metrics.json").read_text()) if m["epoch"] <= start_epoch]
-        if rank == 0:
-            steps_done = f" and {start_step} step{'s' * (start_step > 1)}" if start_step else ""
-            print(f"train_any: resumed from {latest.name}, {start_epoch} of {args.epochs} epochs{steps_done} done", flush=True)
-    elif args.resume and rank == 0:
-        print(f"train_any: no checkpoint in {folder} yet, starting fresh", flush=True)
+
+# ---------------------------------------------------------------------------------------------------
+# 5. Checkpoints: resume from one, save one.
+
+class Start(NamedTuple):
+    """Where the training starts: `epoch` epochs and `step` optimizer steps of the next one done."""
+    epoch: int
+    step: int
+    loss_sum: float  # this rank's training loss so far in a stopped epoch
+    metrics: list    # one row per finished epoch, from metrics.json
+    rng: dict | None  # random streams to restore once the stopped epoch's DataLoader has drawn its seed
+
+
+def set_rng(state, place):
+    """Put this rank's random streams back where a checkpoint found them: the same dropout masks and
+    augmentations follow as in a run that never stopped."""
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if place.device.type == "cuda" and state["cuda"] is not None:
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def resume_or_start_fresh(model, optimizer, folder, latest, meta, args, place):
+    """Model and optimizer through torch.distributed.checkpoint (it reshards FSDP's pieces for however
+    many ranks load them), then the epoch and this rank's random number generators. Without a checkpoint:
+    each rank its own random stream (dropout, augmentation)."""
     if not meta:
-        torch.manual_seed(args.seed * 1000 + rank + 1)  # each rank its own stream (dropout, augmentation)
+        if args.resume and place.rank == 0:
+            print(f"train_any: no checkpoint in {folder} yet, starting fresh", flush=True)
+        torch.manual_seed(args.seed * 1000 + place.rank + 1)
+        return Start(epoch=0, step=0, loss_sum=0.0, metrics=[], rng=None)
+    state = dict(zip(("model", "optimizer"), get_state_dict(model, optimizer)))
+    dcp.load(state, checkpoint_id=latest)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    epoch, step, loss_sum, pending_rng, metrics = meta["epoch"], meta.get("step", 0), 0.0, None, []
+    if meta["world"] == place.world:
+        rng = torch.load(latest / f"rng-rank{place.rank}.pt", weights_only=True)
+        loss_sum = rng.get("loss_sum", 0.0)
+        if step:  # in the middle of an epoch: after the epoch's DataLoader iterator has drawn its seed
+            pending_rng = rng
+        else:
+            set_rng(rng, place)
+    elif place.rank == 0:
+        print(f"train_any: saved on {meta['world']} ranks, resumed on {place.world}: weights and optimizer are exact, "
+              "the random streams (dropout, augmentation) start afresh", flush=True)
+    if (folder / "metrics.json").is_file():
+        metrics = [m for m in json.loads((folder / "metrics.json").read_text()) if m["epoch"] <= epoch]
+    if place.rank == 0:
+        steps_done = f" and {step} step{'s' * (step > 1)}" if step else ""
+        print(f"train_any: resumed from {latest.name}, {epoch} of {args.epochs} epochs{steps_done} done", flush=True)
+    return Start(epoch=epoch, step=step, loss_sum=loss_sum, metrics=metrics, rng=pending_rng)
 
 
-    def save_checkpoint(epoch, step=0, loss_sum=0.0):
-        """Write epoch-NNNN.tmp, then rename it: a crash mid-save leaves the previous epoch intact.
-        `step` > 0: `epoch` epochs and `step` optimizer steps of the next one are done (epoch-NNNN-step-SSSSSS)."""
-        name = f"epoch-{epoch:04d}" + (f"-step-{step:06d}" if step else "")
-        final, tmp = folder / name, folder / f"{name}.tmp"
-        if rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-        dist.barrier()
-        model_state, optimizer_state = get_state_dict(model, optimizer)
-        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=tmp)
-        rng = {"torch": torch.get_rng_state(), "python": random.getstate(),
-               "cuda": torch.cuda.get_rng_state() if on_gpu else None, "loss_sum": loss_sum}
-        torch.save(rng, tmp / f"rng-rank{rank}.pt")
-        dist.barrier()
-        if rank == 0:
-            meta = {"epoch": epoch, "step": step, "sampler_epoch": epoch, "world": world, "strategy": args.strategy,
-                    "model": args.model, "shapes": shapes}
-            (tmp / "meta.json").write_text(json.dumps(meta))
-            shutil.rmtree(final, ignore_errors=True)
-            tmp.rename(final)
-            for old in folder.glob("epoch-*"):  # keep only the newest checkpoint
-                if old != final and re.fullmatch(CHECKPOINT, old.name):
-                    shutil.rmtree(old)
-        dist.barrier()
-        return name
+def save_checkpoint(folder, model, optimizer, args, shapes, place, epoch, step=0, loss_sum=0.0):
+    """Write epoch-NNNN.tmp, then rename it: a crash mid-save leaves the previous epoch intact.
+    `step` > 0: `epoch` epochs and `step` optimizer steps of the next one are done (epoch-NNNN-step-SSSSSS).
+    Returns the checkpoint's name."""
+    name = f"epoch-{epoch:04d}" + (f"-step-{step:06d}" if step else "")
+    final, tmp = folder / name, folder / f"{name}.tmp"
+    if place.rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    dist.barrier()
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=tmp)
+    rng = {"torch": torch.get_rng_state(), "python": random.getstate(),
+           "cuda": torch.cuda.get_rng_state() if place.device.type == "cuda" else None, "loss_sum": loss_sum}
+    torch.save(rng, tmp / f"rng-rank{place.rank}.pt")
+    dist.barrier()
+    if place.rank == 0:
+        meta = {"epoch": epoch, "step": step, "sampler_epoch": epoch, "world": place.world, "strategy": args.strategy,
+                "model": args.model, "shapes": shapes}
+        (tmp / "meta.json").write_text(json.dumps(meta))
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        for old in folder.glob("epoch-*"):  # keep only the newest checkpoint
+            if old != final and re.fullmatch(CHECKPOINT, old.name):
+                shutil.rmtree(old)
+    dist.barrier()
+    return name
 
 
-    def write_atomically(path, save):
-        partial = path.with_name(path.name + ".partial")
-        save(partial)
-        os.replace(partial, path)
+def write_atomically(path, save):
+    """Save to a .partial file, then rename it: a reader never sees half a file."""
+    partial = path.with_name(path.name + ".partial")
+    save(partial)
+    os.replace(partial, path)
 
 
-    # 6. Train. With --accumulate N, gradients of N micro-batches add up before one optimizer step;
-    #    only the last micro-batch of a group synchronises them (DDP no_sync, FSDP's gradient sync flag).
-    steps = len(train_loader)
+# ---------------------------------------------------------------------------------------------------
+# 6. The training step and the epoch around it; the evaluation after it.
+
+def train_one_epoch(model, optimizer, train_set, train_sampler, train_loader, epoch, start, stop, autocast, args, place):
+    """One epoch (or, when resuming, the rest of a stopped one). With --accumulate N, gradients of N
+    micro-batches add up before one optimizer step; only the last micro-batch of a group synchronises
+    them (DDP no_sync, FSDP's gradient sync flag). Returns this rank's summed loss, the number of
+    samples this rank trained on, and the optimizer steps done in this epoch if asked to stop (else 0)."""
+    steps = len(train_loader)  # micro-batches in a whole epoch
     updates_per_epoch = math.ceil(steps / args.accumulate)
+    train_sampler.set_epoch(epoch)  # without it every epoch repeats the first epoch's shuffle
+    model.train()
+    first, loss_sum, loader = 0, 0.0, train_loader
+    if epoch == start.epoch and start.step:  # the rest of a stopped epoch: its batches after the first start.step
+        first, loss_sum = start.step, start.loss_sum
+        loader = DataLoader(train_set, batch_size=args.batch_size,
+                            sampler=list(train_sampler)[start.step * args.accumulate * args.batch_size:])
+    batches = iter(loader)  # draws one number from the random generator, as the uninterrupted run did
+    if first and start.rng is not None:
+        set_rng(start.rng, place)
+    bar = tqdm(batches, total=len(loader), desc=f"epoch {epoch + 1}", disable=place.rank != 0 or None)
+    for i, (x, y) in enumerate(bar, start=first * args.accumulate):
+        x, y = x.to(place.device), y.to(place.device)
+        group_start = i - i % args.accumulate
+        group = min(args.accumulate, steps - group_start)  # the epoch's last group may be shorter
+        last = i == group_start + group - 1
+        if args.strategy == "fsdp":
+            model.set_requires_gradient_sync(last)
+        with model.no_sync() if args.strategy == "ddp" and not last else nullcontext():
+            with autocast:
+                loss = F.cross_entropy(model(x).float(), y)
+            (loss / group).backward()  # the mean over the group's samples, as one big batch
+        if last:
+            for param_group in optimizer.param_groups:
+                param_group["lr"] = learning_rate(epoch * updates_per_epoch + i // args.accumulate, args, updates_per_epoch)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        loss_sum += loss.item()
+        if last and stop.asked_anywhere(place.device):  # between two optimizer steps: no gradient half accumulated
+            return loss_sum, len(loader.sampler), i // args.accumulate + 1
+    return loss_sum, len(loader.sampler), 0
 
 
-    def learning_rate(update):
-        """The learning rate of optimizer step `update` (counted from the start of training). A pure
-        function of the step, not a scheduler object: nothing to checkpoint, and resuming is exact."""
-        total = args.epochs * updates_per_epoch
-        warmup = max(1, total // 10)
-        if args.schedule == "constant":
-            return args.lr
-        if update < warmup:
-            return args.lr * (update + 1) / warmup
-        return args.lr * 0.5 * (1 + math.cos(math.pi * (update - warmup) / max(1, total - warmup)))
+def evaluate(model, test_loader, autocast, place):
+    """This rank's share of the test set: summed loss, right answers and samples counted (padding repeats
+    weigh 0). Sums over the ranks give the whole set."""
+    model.eval()
+    test_loss = correct = counted = 0.0
+    with torch.no_grad():
+        for x, y, weight in test_loader:
+            x, y, weight = x.to(place.device), y.to(place.device), weight.to(place.device)
+            with autocast:
+                logits = model(x).float()
+            test_loss += (F.cross_entropy(logits, y, reduction="none") * weight).sum().item()
+            correct += ((logits.argmax(1) == y).double() * weight).sum().item()
+            counted += weight.sum().item()
+    return test_loss, correct, counted
 
 
-    for epoch in range(start_epoch, args.epochs):
-        started = time.perf_counter()
-        train_sampler.set_epoch(epoch)  # without it every epoch repeats the first epoch's shuffle
-        model.train()
-        first, loss_sum, loader = 0, 0.0, train_loader
-        if epoch == start_epoch and start_step:  # the rest of a stopped epoch: its batches after the first start_step
-            first, loss_sum = start_step, start_loss
-            loader = DataLoader(train_set, batch_size=args.batch_size,
-                                sampler=list(train_sampler)[start_step * args.accumulate * args.batch_size:])
-        batches = iter(loader)  # draws one number from the random generator, as the uninterrupted run did
-        if pending_rng is not None:
-            set_rng(pending_rng)
-            pending_rng = None
-        bar = tqdm(batches, total=len(loader), desc=f"epoch {epoch + 1}", disable=rank != 0 or None)
-        for i, (x, y) in enumerate(bar, start=first * args.accumulate):
-            x, y = x.to(device), y.to(device)
-            group_start = i - i % args.accumulate
-            group = min(args.accumulate, steps - group_start)  # the epoch's last group may be shorter
-            last = i == group_start + group - 1
-            if args.strategy == "fsdp":
-                model.set_requires_gradient_sync(last)
-            with model.no_sync() if args.strategy == "ddp" and not last else nullcontext():
-                with autocast:
-                    loss = F.cross_entropy(model(x).float(), y)
-                (loss / group).backward()  # the mean over the group's samples, as one big batch
-            if last:
-                for param_group in optimizer.param_groups:
-                    param_group["lr"] = learning_rate(epoch * updates_per_epoch + i // args.accumulate)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-            loss_sum += loss.item()
-            if last and stop_now():  # between two optimizer steps: no gradient half accumulated
-                done = i // args.accumulate + 1
-                name = save_checkpoint(epoch, step=done, loss_sum=loss_sum)
-                if rank == 0:
-                    print(f"train_any: asked to stop ({asked['by'] or 'by another rank'}): saved {name} after step "
-                          f"{done} of {updates_per_epoch} in epoch {epoch + 1}; --resume continues from it", flush=True)
-                for handled_signal, handler in previous.items():
-                    signal.signal(handled_signal, handler)
-                return  # every rank has passed the save's last barrier; the process ends below, group and all
-        train_seconds = time.perf_counter() - started
+# ---------------------------------------------------------------------------------------------------
+# 7. The report: one row per epoch, and the final weights as one plain state_dict.
 
-        # Evaluate on every rank's share of the test set; sums over the ranks give the whole set.
-        model.eval()
-        test_loss = correct = counted = 0.0
-        with torch.no_grad():
-            for x, y, weight in test_loader:
-                x, y, weight = x.to(device), y.to(device), weight.to(device)
-                with autocast:
-                    logits = model(x).float()
-                test_loss += (F.cross_entropy(logits, y, reduction="none") * weight).sum().item()
-                correct += ((logits.argmax(1) == y).double() * weight).sum().item()
-                counted += weight.sum().item()
-        loss_sum, test_loss, correct, counted = all_sum(loss_sum, test_loss, correct, counted)
-        assert counted == len(test_set), "every test sample is counted exactly once"
-        metrics.append({"epoch": epoch + 1, "train_loss": loss_sum / (steps * world), "test_loss": test_loss / counted,
-                        "test_accuracy": correct / counted,
-                        "samples_per_s": len(loader.sampler) * world / train_seconds,  # padding repeats included: they are trained on
-                        "seconds": time.perf_counter() - started})
-        save_checkpoint(epoch + 1)
-        if rank == 0:
-            write_atomically(folder / "metrics.json", lambda p: p.write_text(json.dumps(metrics, indent=1)))
-            m = metrics[-1]
-            print(f"epoch {m['epoch']}/{args.epochs}: train loss {m['train_loss']:.4f}, test loss {m['test_loss']:.4f}, "
-                  f"accuracy {m['test_accuracy']:.2%}, {m['samples_per_s']:.0f} samples/s", flush=True)
+def epoch_metrics(epoch, sums, test_size, steps, trained, train_seconds, started, place):
+    """One row of metrics.json from the sums over the ranks: the training loss per micro-batch, the test
+    loss and accuracy per sample, the samples trained per second (padding repeats included: they are
+    trained on) and the epoch's seconds, its evaluation included."""
+    loss_sum, test_loss, correct, counted = sums
+    assert counted == test_size, "every test sample is counted exactly once"
+    return {"epoch": epoch + 1, "train_loss": loss_sum / (steps * place.world), "test_loss": test_loss / counted,
+            "test_accuracy": correct / counted, "samples_per_s": trained * place.world / train_seconds,
+            "seconds": time.perf_counter() - started}
 
-    # 7. The final weights as one plain state_dict (gathered from FSDP's shards, without DDP's
-    #    "module." prefix): torch.load(..., weights_only=True) into a fresh build_model().
+
+def record_epoch(folder, metrics, epochs):
+    """metrics.json rewritten whole (atomically) after every epoch, and one line for the reader. Rank 0 only."""
+    write_atomically(folder / "metrics.json", lambda p: p.write_text(json.dumps(metrics, indent=1)))
+    m = metrics[-1]
+    print(f"epoch {m['epoch']}/{epochs}: train loss {m['train_loss']:.4f}, test loss {m['test_loss']:.4f}, "
+          f"accuracy {m['test_accuracy']:.2%}, {m['samples_per_s']:.0f} samples/s", flush=True)
+
+
+def save_final_weights(model, folder, stop_file, place):
+    """Gathered from FSDP's shards, without DDP's "module." prefix: torch.load(..., weights_only=True)
+    into a fresh build_model(). Every rank takes part in the gathering; rank 0 writes."""
     weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if rank == 0:
+    if place.rank == 0:
         write_atomically(folder / "model.pt", lambda p: torch.save(weights, p))
-        if args.stop_file:
-            Path(args.stop_file).unlink(missing_ok=True)  # finished: a stop asked too late needs no second run
-    for handled_signal, handler in previous.items():
-        signal.signal(handled_signal, handler)
-    report(strategy=args.strategy, world=world, device=device.type, **(metrics[-1] if metrics else {}))
+        if stop_file:
+            Path(stop_file).unlink(missing_ok=True)  # finished: a stop asked too late needs no second run
+
+
+def main(argv=None):
+    """Train as the command line `argv` (default: sys.argv[1:]) says. A function, so that tests can call it
+    in-process. Read it as the table of contents: one line per step, each step a function above."""
+    args = parse_arguments(argv)
+    place = place_from_torchrun()
+
+    # 1. What the user gave, checked before the process group exists: a failure stops every rank alike.
+    check_arguments(args, place.world)
+    model, train_set, test_set = build_model_and_data(args)
+    shapes = {name: list(value.shape) for name, value in model.state_dict().items()}  # before wrapping renames them
+    folder = Path(args.checkpoint_dir)
+    latest, meta = find_checkpoint(folder, args, shapes, place.world)
+
+    # 2. Set-up: the device and the process group; from here on SIGTERM and SIGUSR1 only ask for a stop.
+    place = join_process_group(args.strategy, place)
+    stop = StopRequest(args.stop_file, place.local_rank)
+
+    # 3. The model wrapped for its strategy, and the optimizer over what this rank holds of it.
+    model = wrap_for_strategy(model, args.strategy, place)
+    optimizer = make_optimizer(model, args)
+
+    # 4. Data, each rank its share.
+    train_sampler, train_loader, test_loader = make_loaders(train_set, test_set, args, place)
+    autocast = torch.autocast(place.device.type, dtype=torch.bfloat16, enabled=args.precision == "bf16")
+
+    # 5. Resume from the latest checkpoint (with --resume), or start fresh.
+    start = resume_or_start_fresh(model, optimizer, folder, latest, meta, args, place)
+    metrics = start.metrics
+
+    # 6. Train: an epoch, its evaluation, its checkpoint; or, asked to stop, that step's checkpoint and out.
+    for epoch in range(start.epoch, args.epochs):
+        started = time.perf_counter()
+        loss_sum, trained, stopped_after = train_one_epoch(model, optimizer, train_set, train_sampler, train_loader,
+                                                           epoch, start, stop, autocast, args, place)
+        if stopped_after:
+            name = save_checkpoint(folder, model, optimizer, args, shapes, place, epoch, stopped_after, loss_sum)
+            if place.rank == 0:
+                stop.say_saved(name, stopped_after, math.ceil(len(train_loader) / args.accumulate), epoch)
+            stop.restore_handlers()
+            return  # every rank has passed the save's last barrier; the process ends below, group and all
+        train_seconds = time.perf_counter() - started
+        sums = all_sum(place.device, loss_sum, *evaluate(model, test_loader, autocast, place))  # one all-reduce
+        metrics.append(epoch_metrics(epoch, sums, len(test_set), len(train_loader), trained, train_seconds, started, place))
+        save_checkpoint(folder, model, optimizer, args, shapes, place, epoch + 1)
+        if place.rank == 0:
+            record_epoch(folder, metrics, args.epochs)
+
+    # 7. The final weights, the report back to the cell (or the terminal), and a clean exit from the group.
+    save_final_weights(model, folder, args.stop_file, place)
+    stop.restore_handlers()
+    report(strategy=args.strategy, world=place.world, device=place.device.type, **(metrics[-1] if metrics else {}))
     dist.destroy_process_group()
 
 
