@@ -1,5 +1,5 @@
 """The training template `notebooks/scripts/train_any.py` under plain torchrun on simulated cards, and its
-input checks in-process through `main(argv)`.
+input checks in-process through `main(argv)` (its learning-rate schedule too, one of its steps' functions).
 
 A model and data set of the test's own (a small MLP on 301 random points) are written to a
 module in a temporary folder, and the template is pointed at them with MODULE:FUNCTION, as a
@@ -232,6 +232,19 @@ def test_bad_input_gets_a_clear_message(workdir: Path, train_any: ModuleType, ar
     error = capsys.readouterr().err
     assert stopped.value.code == 2 and error.startswith("train_any: error:") and message in error, error
     assert not (workdir / "bad").exists()  # stopped before anything was written
+
+
+def test_the_cosine_schedule_warms_up_to_lr_then_decays_to_zero(train_any: ModuleType) -> None:
+    """What --help promises for --schedule cosine: a warm-up over the first 10% of the optimizer steps that
+    ends at --lr, then a decay that reaches 0 where the training ends; --schedule constant keeps --lr."""
+    given = ["--model", "m:f", "--data", "m:g", "--lr", "0.1", "--epochs", "4"]
+    cosine = train_any.parse_arguments([*given, "--schedule", "cosine"])
+    rates = [train_any.learning_rate(update, cosine, 25) for update in range(101)]  # 4 epochs of 25 steps, and one past
+    warmup, decay = rates[:10], rates[10:]  # the warm-up's last step and the decay's first both take --lr
+    assert all(a < b for a, b in zip(warmup, warmup[1:])) and 0 < warmup[0] < 0.1 / 5 and warmup[-1] == 0.1
+    assert decay[0] == 0.1 and all(a > b for a, b in zip(decay, decay[1:])) and rates[99] > 0 and rates[100] == 0.0
+    constant = train_any.parse_arguments([*given, "--schedule", "constant"])
+    assert {train_any.learning_rate(update, constant, 25) for update in range(100)} == {0.1}
 
 
 @pytest.mark.slow  # starts ranks
