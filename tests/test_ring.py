@@ -60,6 +60,7 @@ sys.stdout.flush(); os._exit(0)
 """
 
 
+@pytest.mark.slow
 def test_a_transposed_block_travels_round_the_ring_and_its_gradient_back() -> None:
     from fourcard_helpers.launch import leftover_processes, torchrun
 

@@ -1,26 +1,18 @@
 """Lesson 13's GPT, one sequence cut head-tail over four ranks, float64, with the lean ring and with section 2's ring.
 Reports the loss, the gradients' gaps from one card, the bytes sent and held; and a mistake's: positions at 0-127."""
-import copy, os, sys, weakref, torch, torch.distributed as dist, torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
+import copy, os, sys, torch, torch.distributed as dist, torch.nn.functional as F
 from fourcard_helpers import detect, report
 from fourcard_helpers.gpt import GPT, GPTConfig, get_batch, poem_tokens
+from fourcard_helpers.memory import LiveTensorBytes
 from fourcard_helpers.ring import LeanRingAttention, chunk_positions, ring_attention
 
-class Meter(TorchDispatchMode):  # every operator passes through here: the bytes each send carries, and the bytes of
-    def __init__(self):          # the tensors alive (a storage counted when made, uncounted when freed), and their peak
+class Meter(LiveTensorBytes):  # the package's count of the bytes of tensors alive and their peak, at the dispatcher;
+    def __init__(self):         # added here: the bytes each send carries, forward and backward
         super().__init__()
-        self.phase, self.sent, self.live, self.peak, self.alive, self.left = "forward", dict(forward=0, backward=0), 0, 0, {}, []
+        self.phase, self.sent, self.left = "forward", dict(forward=0, backward=0), []
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
         self.sent[self.phase] += sum(t.nbytes for t in args[0]) if func._opname == "send" else 0
-        tensors = [t for t in (out if isinstance(out, (tuple, list)) else [out]) if isinstance(t, torch.Tensor)]
-        for storage in [t.untyped_storage() for t in tensors]:
-            if id(storage) not in self.alive:
-                self.alive[id(storage)] = storage.nbytes()
-                self.live += storage.nbytes()
-                self.peak = max(self.peak, self.live)
-                weakref.finalize(storage, lambda key=id(storage): setattr(self, "live", self.live - self.alive.pop(key)))
-        return out
+        return super().__torch_dispatch__(func, types, args, kwargs)
 T = 512
 cards = detect(int(os.environ["WORLD_SIZE"]))
 dist.init_process_group(cards.backend)
@@ -38,9 +30,9 @@ mine = torch.cat(chunk_positions(dist.get_rank(), dist.get_world_size(), T, bala
 def context_parallel_loss(model, attention, meter, at):   # lesson 13's GPT.forward, on my positions only
     h = model.tok_embeddings(x[:, mine]) + model.pos_embeddings(at)   # at = mine: each token at its place
     for block in model.layers:
-        a, z, before = block.attention, block.attention_norm(h), meter.live
+        a, z, before = block.attention, block.attention_norm(h), meter.current
         out = attention(*(w(z).view(1, len(mine), -1, a.head_dim).transpose(1, 2) for w in (a.wq, a.wk, a.wv)), T, True)
-        meter.left.append(meter.live - before)        # what q, k, v and the attention left alive for backward
+        meter.left.append(meter.current - before)     # what q, k, v and the attention left alive for backward
         h = h + a.wo(out.transpose(1, 2).reshape(1, len(mine), -1))
         h = h + block.mlp(block.mlp_norm(h))
     logits = model.output(model.norm(h))   # my tokens' part of the mean over all T: the four parts add up to the loss
@@ -53,7 +45,7 @@ for model, (ring, attention, at) in zip(copies, (("lean", LeanRingAttention.appl
         ring_attention, mine), ("lean, positions 0-127", LeanRingAttention.apply, torch.arange(len(mine), device=device)))):
     with Meter() as meter:
         loss = context_parallel_loss(model, attention, meter, at)
-        meter.phase, kept = "backward", meter.live    # what forward left for backward
+        meter.phase, kept = "backward", meter.current  # what forward left for backward
         loss.backward()
     own_part = max(gaps(model).values())              # before the sum over the ranks: far from one card
     for part in [p.grad for p in model.parameters()] + [loss.detach()]:   # each rank's part of every gradient and
