@@ -14,6 +14,7 @@ from typing import Iterator
 import pytest
 from jupyter_client import KernelManager
 
+from fourcard_helpers import lifecycle
 from fourcard_helpers.launch import leftover_processes
 
 pytestmark = pytest.mark.slow  # every test here starts ranks, a kernel or a browser: not in the fast tier
@@ -28,12 +29,10 @@ time.sleep(300)
 def wait_until(condition, seconds: float = 120) -> bool:
     """Wait for `condition` (an event, such as the last rank ending); `seconds` only bounds a
     failure, far beyond the few seconds stopping takes."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.1)
-    return condition()
+    try:
+        return lifecycle.wait_until(condition, seconds) is None
+    except TimeoutError:
+        return condition()
 
 
 @pytest.fixture
