@@ -78,7 +78,7 @@ def test_the_old_name_still_works_and_says_the_new_one(two_gpus: None, monkeypat
     from fourcard_helpers import rundir
 
     monkeypatch.delenv(DEVICE_ENV, raising=False)
-    monkeypatch.setenv("FOURCARD_DEVICE", "cpu")
+    monkeypatch.setenv(RENAMED[DEVICE_ENV], "cpu")
     monkeypatch.setattr(rundir, "_noticed", set())
     assert detect(2).describe().endswith("FOURCARD_DEVICE=cpu") and detect(2).kind == "cpu"
     assert capsys.readouterr().err == ("fourcards: FOURCARD_DEVICE still works for now, but its name is now "
