@@ -191,3 +191,59 @@ def test_the_mesh_scripts_mode_counts_what_commdebugmode_counts() -> None:
         sizes = dict(reports[r]["seen"])
         assert sizes["_allgather_base_"] == 10 * 4 and sizes["_reduce_scatter_base_"] == 14 * 4, reports[r]
         assert sizes["all_gather_into_tensor"] == 4 * 6 * 4, reports[r]   # a's whole tensor, not one card's rows
+
+
+def _one_card_step(extra_kept: bool = False) -> dict[str, int]:
+    """Section 6's measurement for one card, in this process: the shipped script's steps (the model at the launch's
+    size, a batch of 4 windows, the second step measured) under LiveTensorBytes. `extra_kept`: every block also keeps
+    a tensor of its output's size for backward (a bug the check must see)."""
+    from fourcard_helpers.memory import LiveTensorBytes
+
+    tokens, chars = poem_tokens()
+    config = GPTConfig(vocab_size=len(chars), n_layer=6, d_model=256)
+    with LiveTensorBytes() as live:
+        live.track([tokens])
+        torch.manual_seed(0)
+        model = GPT(config)
+        if extra_kept:   # a multiplication by ones keeps the ones for backward: d numbers a token, every block
+            for block in model.layers:
+                block.register_forward_hook(lambda module, inputs, out: out * torch.ones_like(out))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
+        for step in range(2):
+            x, y = get_batch(tokens, 4, config.block_size, torch.Generator().manual_seed(step))
+            rest = live.peak = live.current
+            loss = model(x, y)[1]
+            forward = live.current
+            loss.backward()
+            backward, live.peak = live.peak, live.current
+            optimizer.step()
+            optimizer.zero_grad()
+            del loss
+    return {"rest": rest, "forward": forward, "backward": backward, "optimizer": live.peak}
+
+
+@pytest.fixture(scope="module")
+def memory_check():
+    tokens, chars = poem_tokens()
+    ns = {"torch": torch, "GPT": GPT, "GPTConfig": GPTConfig, "V": len(chars), "tokens": tokens}
+    exec(code_cell("def float32_step("), ns)  # noqa: S102 - the calculator and its check, as the lesson defines them
+    return ns
+
+
+def test_the_memory_check_passes_a_true_measurement_and_fails_a_kept_activation_or_a_calculator_without_logits(
+        memory_check) -> None:
+    """Section 6's check of the measured bytes, on one card measured here: the lesson's calculator passes it (what
+    forward keeps and the peak, to the byte); a model whose blocks keep one more activation fails it, and so does a
+    calculator that leaves out the log-softmax over the vocabulary, or the loss's gradients in backward."""
+    check_step, calculator = memory_check["check_step"], memory_check["float32_step"]
+    measured = _one_card_step()
+    check_step("one card", measured)
+    with pytest.raises(AssertionError, match="forward kept"):
+        check_step("one card", _one_card_step(extra_kept=True))
+    n, vocabulary = 4 * 64, memory_check["Vw"]
+    without_log_softmax = lambda s, w: {**calculator(s, w), "kept": calculator(s, w)["kept"] - 4 * vocabulary * n}
+    with pytest.raises(AssertionError, match="forward kept"):
+        check_step("one card", measured, without_log_softmax)
+    without_loss_gradients = lambda s, w: {**calculator(s, w), "loss": 0}
+    with pytest.raises(AssertionError, match="backward added"):
+        check_step("one card", measured, without_loss_gradients)
