@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import ast
 import difflib
+import functools
 import hashlib
 import json
 import os
@@ -218,6 +219,7 @@ def lesson_messages(lesson: Path) -> list[Message]:
 TEXT_METHODS = {"set_title", "set_xlabel", "set_ylabel", "suptitle", "text", "annotate", "set_text"}  # any argument
 LABEL_METHODS = {"set_xticks", "set_yticks", "legend"}  # the arguments after the first: the labels
 TEXT_KEYWORDS = {"title", "xlabel", "ylabel", "label", "labels", "description", "text"}  # in any call
+VERDICTS = ("✓", "✗", "○")  # a line printed with one of these marks (as check.py's verdicts are) is text too
 PLOTS_DATA = {"timeline", "card_values"}  # plots' helpers: the lanes, kinds and panels of their first argument
 CODE = " code"  # msgctxt of a figure's literal: the cell's id, then this
 
@@ -226,14 +228,19 @@ def is_code_context(context: str | None) -> bool:
     return bool(context) and context.endswith(CODE)
 
 
+MAGIC_VALUE = re.compile(r"^(\s*[\w\s,\[\]().]+?=\s*)%(?!%).*$")  # `before = %ranks pull before`
+
+
 def _parsed(source: str) -> ast.Module | None:
-    """A code cell as Python, its IPython lines (%magic, !shell) blanked so that the lines keep their
-    numbers; None for a cell magic's cell (%%torchrun runs in the ranks, which draw nothing) or one
-    that is not Python."""
+    """A code cell as Python, its IPython lines (%magic, !shell) blanked and a magic's value
+    (`x = %ranks pull x`) read as None, so that the lines keep their numbers and what stands before
+    the magic its place; None for a cell magic's cell (%%torchrun runs in the ranks, which draw
+    nothing) or one that is not Python."""
     if source.lstrip().startswith("%%"):
         return None
     try:
-        return ast.parse("\n".join("" if line.lstrip().startswith(("%", "!")) else line
+        return ast.parse("\n".join("" if line.lstrip().startswith(("%", "!")) else
+                                   MAGIC_VALUE.sub(lambda found: found.group(1) + "None", line)
                                    for line in source.split("\n")))
     except SyntaxError:
         return None
@@ -263,7 +270,22 @@ def _text_parameters(notebook: dict) -> dict[str, list[str]]:
     return found
 
 
-def figure_literals(tree: ast.Module, own: dict[str, list[str]]) -> list[ast.expr]:
+def _shown_arguments(node: ast.Call, own: dict[str, list[str]]) -> list[ast.expr]:
+    """The arguments of a call that a figure or widget shows as text (the rules above)."""
+    name = _call_name(node)
+    texts = [keyword.value for keyword in node.keywords if keyword.arg in TEXT_KEYWORDS]
+    if name in TEXT_METHODS:
+        texts += node.args
+    elif name in LABEL_METHODS:
+        texts += node.args[1:]
+    elif name in PLOTS_DATA:
+        texts += node.args[:1]
+    elif name in own:
+        texts += [arg for arg, parameter in zip(node.args, own[name]) if parameter in TEXT_KEYWORDS]
+    return texts
+
+
+def figure_literals(tree: ast.Module, own: dict[str, list[str]], verdicts: bool = True) -> list[ast.expr]:
     """The literals of a cell that a figure or widget shows (the rules above), in the cell's order;
     and those of a loop over written tuples (`for curve, label in [(..., "1 card"), ...]`) at the
     places whose name the loop only shows (`label=label`, and no `results[label]`)."""
@@ -271,28 +293,47 @@ def figure_literals(tree: ast.Module, own: dict[str, list[str]]) -> list[ast.exp
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
-        name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
-        texts = [keyword.value for keyword in node.keywords if keyword.arg in TEXT_KEYWORDS]
-        if name in TEXT_METHODS:
-            texts += node.args
-        elif name in LABEL_METHODS:
-            texts += node.args[1:]
-        elif name in PLOTS_DATA:
-            texts += node.args[:1]
-        elif name in own:
-            texts += [arg for arg, parameter in zip(node.args, own[name]) if parameter in TEXT_KEYWORDS]
+        texts = _shown_arguments(node, own)
         shown += [text for text in texts if isinstance(text, ast.Name)]
+        if verdicts and _call_name(node) == "print" and any(_constant_text(literal).startswith(VERDICTS)
+                                               for literal in _literals_in(node.args[0]) if node.args):
+            texts = list(node.args)  # a verdict the lesson prints: the learner reads it as the lesson's text
         found += [literal for text in texts for literal in _literals_in(text)]
-    for loop in (node for node in ast.walk(tree) if isinstance(node, ast.For) and isinstance(node.target, ast.Tuple)
-                 and isinstance(node.iter, (ast.List, ast.Tuple))):
+    for assign in (node for node in ast.walk(tree) if isinstance(node, ast.Assign) and len(node.targets) == 1
+                   and isinstance(node.targets[0], ast.Name)):  # `short = "saved" if ... else ...`, only shown
+        uses = [node for node in ast.walk(tree) if isinstance(node, ast.Name) and node.id == assign.targets[0].id
+                and isinstance(node.ctx, ast.Load)]
+        if uses and all(any(use is text for text in shown) for use in uses):
+            found += _literals_in(assign.value)
+    for loop in (node for node in ast.walk(tree) if isinstance(node, ast.For)):
         used = [node for statement in loop.body for node in ast.walk(statement) if isinstance(node, ast.Name)]
-        places = [n for n, target in enumerate(loop.target.elts) if isinstance(target, ast.Name)
-                  and any(target.id == name.id for name in used)
-                  and all(any(name is text for text in shown) for name in used if name.id == target.id)]
-        for row in (row for row in loop.iter.elts if isinstance(row, ast.Tuple)):
-            found += [literal for n in places if n < len(row.elts) for literal in _literals_in(row.elts[n])]
+        for target, taken in _loop_rows(loop):
+            if any(target.id == name.id for name in used) and all(
+                    any(name is text for text in shown) for name in used if name.id == target.id):
+                found += [literal for value in taken for literal in _literals_in(value)]
     words = [literal for literal in found if re.search(r"[A-Za-z]{2}", _constant_text(literal))]
     return sorted(words, key=lambda literal: (literal.lineno, literal.col_offset))
+
+
+def _loop_rows(loop: ast.For) -> list[tuple[ast.Name, list[ast.expr]]]:
+    """Each name a loop binds, with what it takes from the written tuples the loop goes over
+    (`for a, b in [(..., ...), ...]`, `for ax, (title, x) in zip(axes, ((..., ...), ...))`)."""
+    pairs: list[tuple[ast.Name, list[ast.expr]]] = []
+    def bind(target: ast.expr, rows: list[ast.expr]) -> None:
+        if isinstance(target, ast.Name):
+            pairs.append((target, rows))
+        elif isinstance(target, ast.Tuple):
+            for n, each in enumerate(target.elts):
+                bind(each, [row.elts[n] for row in rows if isinstance(row, ast.Tuple) and len(row.elts) == len(target.elts)
+                            and not any(isinstance(e, ast.Starred) for e in row.elts)])
+    if isinstance(loop.iter, (ast.List, ast.Tuple)) and isinstance(loop.target, ast.Tuple):
+        bind(loop.target, loop.iter.elts)
+    elif (isinstance(loop.iter, ast.Call) and _call_name(loop.iter) == "zip" and isinstance(loop.target, ast.Tuple)
+          and len(loop.target.elts) == len(loop.iter.args)):
+        for target, column in zip(loop.target.elts, loop.iter.args):
+            if isinstance(column, (ast.List, ast.Tuple)):
+                bind(target, column.elts)
+    return pairs
 
 
 def _constant_text(literal: ast.expr) -> str:
@@ -300,6 +341,315 @@ def _constant_text(literal: ast.expr) -> str:
     if isinstance(literal, ast.JoinedStr):
         return " ".join(part.value for part in literal.values if isinstance(part, ast.Constant))
     return literal.value
+
+
+# -- what figures and widgets show, made from the lesson's data --------------------------------
+# A legend, a tick or a lane is often not written where the figure is drawn: it is a loop variable
+# (`for name, rate in rates.items(): ax.plot(..., label=name)`), a dictionary's key, a list built
+# earlier. The literals such a name's value comes from are found by following the name back to where
+# it is bound, in its cell or else in the latest earlier cell that binds it (shown_values). A plain
+# literal found so is translated as a value, the same in every code cell of the lesson (msgctxt
+# DATA): where it is also a dictionary's key and looked up, the key and the lookup change together,
+# so the program does the same thing with another word. It is left English where the word may leave
+# the notebook or come into it from outside: where it is written in a file the lesson reads or runs (a
+# saved script, a measured record, the package) or in a %%torchrun cell, where the lesson compares it
+# (`"resumed" in line`), or where it hands it to a call that is not a figure's or a container's (a
+# path, a torch option, a job's name). An f-string found so is translated in its own cell, where it
+# is text, as a figure's literal is.
+DATA = "data" + CODE  # msgctxt of a value translated in every code cell of the lesson
+# Lessons whose labels from data, printed verdicts and widgets' parameter names are not translated yet:
+# they stay English until their catalogs translate the entries that taking a name out of this set lists.
+NOT_YET_TRACED = {"13_gpt_on_four_cards", "14_long_sequences_and_experts"}
+DISPLAY_CALLS = TEXT_METHODS | LABEL_METHODS | PLOTS_DATA | {
+    "plot", "bar", "barh", "scatter", "loglog", "semilogx", "semilogy", "errorbar", "step", "fill_between",
+    "axhline", "axvline", "hist", "stackplot", "set", "interact", "Dropdown", "ToggleButtons", "RadioButtons",
+    "SelectionSlider", "Select"}
+SHOWN_KEYWORDS = TEXT_KEYWORDS | {"options", "xticklabels", "yticklabels"}  # widget choices: shown and passed on
+CONTAINER_CALLS = {"list", "tuple", "sorted", "reversed", "set", "dict", "zip", "enumerate", "str", "len", "print",
+                   "append", "extend", "insert", "index", "get", "setdefault", "items", "keys", "values", "join",
+                   "format", "count", "remove", "pop", "update", "isinstance", "max", "min", "sum", "any", "all"}
+READ_BESIDE = ("scripts", "measured", "*.py")  # what a lesson's code runs or reads, beside its notebook
+PROBING_METHODS = {"startswith", "endswith", "split", "rsplit", "find", "rfind", "partition", "rpartition",
+                   "replace", "removeprefix", "removesuffix", "count"}  # str methods that look inside a word
+
+
+class _Bindings:
+    """Where each name of a lesson's code is bound: per cell, name → [(kind, node, path)], kind
+    "value" (`n = ...`, `n += ...`, `n.append(...)`), "item" (a loop's or comprehension's target: the
+    items of `node` at `path`, an index per nested tuple), "part" (`a, b = pair`: the part of `node`
+    at `path`) or "key" (`n[key] = ...`)."""
+
+    def __init__(self, trees: list[ast.Module | None]) -> None:
+        self.cells = [self._bound(tree) if tree else {} for tree in trees]
+
+    @staticmethod
+    def _bound(tree: ast.Module) -> dict[str, list[tuple[str, ast.expr, tuple[int, ...]]]]:
+        found: dict[str, list[tuple[str, ast.expr, tuple[int, ...]]]] = {}
+        def target(node: ast.expr, kind: str, value: ast.expr, path: tuple[int, ...]) -> None:
+            if isinstance(node, ast.Name):
+                found.setdefault(node.id, []).append((kind, value, path))
+            elif isinstance(node, (ast.Tuple, ast.List)):
+                for n, element in enumerate(node.elts):
+                    if kind == "value" and isinstance(value, (ast.Tuple, ast.List)) and len(value.elts) == len(node.elts):
+                        target(element, "value", value.elts[n], ())
+                    else:
+                        target(element, "item" if kind == "item" else "part", value, path + (n,))
+            elif isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name):
+                found.setdefault(node.value.id, []).append(("key", node.slice, ()))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign):
+                for each in node.targets:
+                    target(each, "value", node.value, ())
+            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)) and node.value is not None:
+                target(node.target, "value", node.value, ())
+            elif isinstance(node, (ast.For, ast.comprehension)):
+                target(node.target, "item", node.iter, ())
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args
+                  and isinstance(node.func.value, ast.Name) and node.func.attr in ("append", "extend", "insert")):
+                found.setdefault(node.func.value.id, []).append(("value", node.args[-1], ()))
+        return found
+
+    def of(self, name: str, cell: int) -> list[tuple[str, ast.expr, tuple[int, ...], int]]:
+        """The bindings of `name` that cell `cell` sees: its own, or the latest earlier cell's."""
+        for index in range(cell, -1, -1):
+            if name in self.cells[index]:
+                return [(kind, node, path, index) for kind, node, path in self.cells[index][name]]
+        return []
+
+
+class _Tracer:
+    """The string literals an expression's value can come from (shown_values)."""
+
+    def __init__(self, bindings: _Bindings) -> None:
+        self.bindings, self.seen, self.found = bindings, set(), []
+
+    def values(self, node: ast.expr, cell: int, path: tuple[int, ...] = ()) -> None:
+        """The literals of `node`'s value; with a path, of the items of its value at that path."""
+        key = (id(node), path)
+        if key in self.seen:
+            return
+        self.seen.add(key)
+        if path:
+            return self.items(node, cell, path)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            self.found.append((cell, node))
+        elif isinstance(node, ast.JoinedStr):
+            self.found.append((cell, node))
+            for part in node.values:
+                if isinstance(part, ast.FormattedValue):
+                    self.values(part.value, cell)
+        elif isinstance(node, ast.Name):
+            for kind, bound, at, where in self.bindings.of(node.id, cell):
+                if kind == "value":
+                    self.values(bound, where)
+                elif kind == "key":
+                    self.values(bound, where)
+                elif kind == "item":  # a loop's target: (a part of) an item of what it loops over
+                    self.items(bound, where, at)
+                else:  # "part": a part of a value unpacked (`a, b = pair`)
+                    self.part(bound, where, at)
+        elif isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+            for element in node.elts:
+                self.values(element.value if isinstance(element, ast.Starred) else element, cell)
+        elif isinstance(node, ast.Dict):
+            for each in node.keys:
+                if each is not None:
+                    self.values(each, cell)
+        elif isinstance(node, ast.IfExp):
+            self.values(node.body, cell), self.values(node.orelse, cell)
+        elif isinstance(node, ast.BinOp):
+            self.values(node.left, cell), self.values(node.right, cell)
+        elif isinstance(node, (ast.ListComp, ast.GeneratorExp, ast.SetComp)):
+            self.values(node.elt, cell)
+        elif isinstance(node, ast.Subscript):  # an element of a list, a value of a dictionary
+            self.subscripted(node.value, cell)
+        elif isinstance(node, ast.Call):
+            name = _call_name(node)
+            if name in ("list", "tuple", "sorted", "reversed", "set", "str") and node.args:
+                self.values(node.args[0], cell)
+            elif name == "keys" and isinstance(node.func, ast.Attribute):
+                self.values(node.func.value, cell)
+
+    def items(self, node: ast.expr, cell: int, path: tuple[int, ...]) -> None:
+        """The literals of the items one gets looping over `node`, at `path` inside each item."""
+        if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+            for element in node.elts:
+                self.part(element, cell, path)
+        elif isinstance(node, ast.Dict):
+            for each in node.keys:
+                if each is not None:
+                    self.part(each, cell, path)
+        elif isinstance(node, (ast.ListComp, ast.GeneratorExp)):
+            self.part(node.elt, cell, path)
+        elif isinstance(node, ast.Name):
+            for kind, bound, at, where in self.bindings.of(node.id, cell):
+                if kind == "value":
+                    self.items(bound, where, path)
+        elif isinstance(node, ast.BinOp):
+            self.items(node.left, cell, path), self.items(node.right, cell, path)
+        elif isinstance(node, ast.Call) and path:
+            name, first, rest = _call_name(node), path[0], path[1:]
+            if name == "zip" and first < len(node.args):
+                self.items(node.args[first], cell, rest)
+            elif name == "enumerate" and first == 1 and node.args:
+                self.items(node.args[0], cell, rest)
+            elif name == "items" and isinstance(node.func, ast.Attribute) and first == 0:
+                self.items(node.func.value, cell, rest)  # the keys
+            elif name == "items" and isinstance(node.func, ast.Attribute) and first == 1:
+                self._dict_values(node.func.value, cell, rest)
+        elif isinstance(node, ast.Call):
+            name = _call_name(node)
+            if name in ("list", "tuple", "sorted", "reversed", "set") and node.args:
+                self.items(node.args[0], cell, path)
+            elif name == "keys" and isinstance(node.func, ast.Attribute):
+                self.values(node.func.value, cell)
+        elif not path:
+            self.values(node, cell)
+
+    def subscripted(self, node: ast.expr, cell: int) -> None:
+        """The literals of `node[...]`: a dictionary's values, a list's elements."""
+        if isinstance(node, ast.Dict):
+            self._dict_values(node, cell)
+        elif isinstance(node, ast.Name):
+            for kind, bound, _, where in self.bindings.of(node.id, cell):
+                if kind == "value":
+                    self.subscripted(bound, where)
+        else:
+            self.items(node, cell, ())
+
+    def _dict_values(self, node: ast.expr, cell: int, path: tuple[int, ...] = ()) -> None:
+        if isinstance(node, ast.Dict):
+            for value in node.values:
+                self.part(value, cell, path)
+        elif isinstance(node, ast.Name):
+            for kind, bound, _, where in self.bindings.of(node.id, cell):
+                if kind == "value":
+                    self._dict_values(bound, where, path)
+
+    def part(self, node: ast.expr, cell: int, path: tuple[int, ...]) -> None:
+        """The literals at `path` inside one item (a written tuple: its element at each index)."""
+        if not path:
+            return self.values(node, cell)
+        if isinstance(node, (ast.Tuple, ast.List)) and not any(isinstance(e, ast.Starred) for e in node.elts):
+            if path[0] < len(node.elts):
+                self.part(node.elts[path[0]], cell, path[1:])
+        elif isinstance(node, (ast.Tuple, ast.List)) and len(path) == 1:  # (lane, *S[0], kind): before the star only
+            stars = [n for n, e in enumerate(node.elts) if isinstance(e, ast.Starred)]
+            if path[0] < stars[0]:
+                self.values(node.elts[path[0]], cell)
+        elif isinstance(node, ast.Name):
+            for kind, bound, _, where in self.bindings.of(node.id, cell):
+                if kind == "value":
+                    self.part(bound, where, path)
+
+
+def _call_name(node: ast.Call) -> str:
+    return node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+
+
+def _shown_names(node: ast.expr) -> list[ast.expr]:
+    """The parts of a shown expression whose value the figure shows: names, and the calls that pass
+    a value on (`list(kinds)`), followed through f-strings, conditionals and written lists."""
+    if isinstance(node, (ast.Name, ast.Subscript)):
+        return [node]
+    if isinstance(node, ast.Call):
+        return [node] if _call_name(node) in ("list", "tuple", "sorted", "reversed", "str", "keys") else []
+    if isinstance(node, ast.JoinedStr):
+        return [part.value for part in node.values if isinstance(part, ast.FormattedValue)
+                for part in [part] if isinstance(part.value, (ast.Name, ast.Subscript))]
+    if isinstance(node, (ast.ListComp, ast.GeneratorExp)):
+        return [node]
+    if isinstance(node, (ast.List, ast.Tuple, ast.IfExp, ast.BinOp, ast.Starred)):
+        return [found for child in ast.iter_child_nodes(node) for found in _shown_names(child)]
+    return []
+
+
+@functools.cache
+def _read_beside() -> str:
+    """What the lessons run or read beside their notebooks, and the package: a word in it is data."""
+    files = [path for pattern in READ_BESIDE for path in NOTEBOOKS.glob(pattern)]
+    files = [p for f in files for p in (sorted(f.rglob("*")) if f.is_dir() else [f]) if p.is_file()]
+    files += sorted(PACKAGE.rglob("*.py"))
+    return "\n".join(path.read_text(encoding="utf-8", errors="ignore") for path in files
+                     if path.suffix in (".py", ".json", ".txt", ".sh", ".toml", ".csv", ""))
+
+
+def shown_values(notebook: dict, own: dict[str, list[str]], beside: str) -> tuple[list[tuple[int, ast.expr]], set[str]]:
+    """What figures and widgets show that the code does not write where it draws (above): the
+    f-strings, by cell, and the plain values translated in every cell (DATA)."""
+    cells = notebook["cells"]
+    sources = ["".join(cell["source"]) for cell in cells]
+    trees = [_parsed(source) if cell["cell_type"] == "code" else None for cell, source in zip(cells, sources)]
+    tracer = _Tracer(_Bindings(trees))
+    for index, tree in enumerate(trees):
+        for node in ast.walk(tree) if tree else ():
+            if isinstance(node, ast.Call):
+                for shown in _shown_arguments(node, own) + [k.value for k in node.keywords if k.arg in SHOWN_KEYWORDS]:
+                    for part in _shown_names(shown):
+                        tracer.values(part, index)
+                    if any(k.value is shown and k.arg == "options" for k in node.keywords):
+                        tracer.values(shown, index)
+    magic = "\n".join(source for source, tree in zip(sources, trees) if tree is None)
+    passed, probes = _passed_on(trees, own)
+    values, strings = set(), []
+    for index, literal in tracer.found:
+        if isinstance(literal, ast.JoinedStr):
+            strings.append((index, literal))
+        elif (re.search(r"[A-Za-z]{2}", literal.value) and literal.value not in passed
+              and not any(probe in literal.value for probe in probes)
+              and not any(quote + literal.value + quote in text for quote in "\"'" for text in (beside, magic))):
+            values.add(literal.value)
+    return strings, values
+
+
+def _passed_on(trees: list[ast.Module | None], own: dict[str, list[str]]) -> tuple[set[str], set[str]]:
+    """The strings a lesson compares, or hands to a call that is neither a figure's nor a container's,
+    nor one of the lesson's functions that only looks the argument up, compares or shows it: data; and
+    the words it looks for inside others (`"offload" in strategy`, `.endswith("offload")`), which a
+    value containing them is to keep."""
+    lookups = {node.name: _looked_up_parameters(node) for tree in trees for node in (ast.walk(tree) if tree else ())
+               if isinstance(node, ast.FunctionDef)}
+    passed, probes = set(), set()
+    for tree in trees:
+        for node in ast.walk(tree) if tree else ():  # compared, with what may come from outside ("x" in line)
+            if isinstance(node, ast.Compare):
+                passed |= {side.value for side in [node.left, *node.comparators]
+                           if isinstance(side, ast.Constant) and isinstance(side.value, str)}
+                if isinstance(node.left, ast.Constant) and isinstance(node.left.value, str):
+                    probes.add(node.left.value)  # `"offload" in strategy`: a part of a word, looked for
+            if isinstance(node, ast.Call) and _call_name(node) in PROBING_METHODS:
+                probes |= {arg.value for arg in node.args if isinstance(arg, ast.Constant) and isinstance(arg.value, str)}
+            if not isinstance(node, ast.Call) or _call_name(node) in DISPLAY_CALLS | CONTAINER_CALLS | set(own):
+                continue
+            inside = lookups.get(_call_name(node) if isinstance(node.func, ast.Name) else "", set())
+            passed |= {arg.value for n, arg in enumerate(node.args) if n not in inside
+                       and isinstance(arg, ast.Constant) and isinstance(arg.value, str)}
+            passed |= {k.value.value for k in node.keywords if k.arg not in SHOWN_KEYWORDS | inside
+                       and isinstance(k.value, ast.Constant) and isinstance(k.value.value, str)}
+    return passed, {probe for probe in probes if re.search(r"[A-Za-z]{2}", probe)}
+
+
+def _looked_up_parameters(function: ast.FunctionDef) -> set[int | str]:
+    """The parameters (by position and name) a function of the lesson only looks up, compares or
+    shows: a string it is given there stays inside the lesson."""
+    parents = {child: node for node in ast.walk(function) for child in ast.iter_child_nodes(node)}
+    def stays(node: ast.AST) -> bool:
+        parent = parents.get(node)
+        while isinstance(parent, (ast.Tuple, ast.List)):
+            node, parent = parent, parents.get(parent)
+        if isinstance(parent, ast.Subscript):
+            return node is parent.slice
+        if isinstance(parent, ast.keyword):
+            parent = parents.get(parent)
+        return isinstance(parent, (ast.Compare, ast.FormattedValue)) or (
+            isinstance(parent, ast.Call) and _call_name(parent) in DISPLAY_CALLS | CONTAINER_CALLS and node is not parent.func)
+    names = [a.arg for a in function.args.posonlyargs + function.args.args]
+    inside: set[int | str] = set()
+    for n, name in enumerate(names):
+        uses = [node for node in ast.walk(function) if isinstance(node, ast.Name) and node.id == name]
+        if uses and all(stays(use) for use in uses):
+            inside |= {n, name}
+    return inside
 
 
 def _segment(source: str, node: ast.expr) -> tuple[int, int]:
@@ -314,29 +664,63 @@ def _segment(source: str, node: ast.expr) -> tuple[int, int]:
 
 
 def code_messages(lesson: Path) -> list[Message]:
-    """The figure text of a lesson's code cells, one message per literal and cell."""
+    """The figure text of a lesson's code cells, one message per literal and cell; a value shown
+    from the lesson's data, one message for every cell (DATA); and the name a widget shows where it
+    has no description (widget_names)."""
     notebook = read_notebook(lesson)
     own, messages = _text_parameters(notebook), []
+    traced = lesson.stem not in NOT_YET_TRACED
+    strings, values = shown_values(notebook, own, _read_beside()) if traced else ([], set())
+    first: dict[str, int] = {}
     for index, cell in enumerate(notebook["cells"]):
         source = "".join(cell["source"])
         tree = _parsed(source) if cell["cell_type"] == "code" else None
-        for literal in figure_literals(tree, own) if tree else ():
-            start, end = _segment(source, literal)
-            message = Message(cell["id"] + CODE, source[start:end], lesson.name, "code", index)
+        if tree is None:
+            continue
+        for node in _plain_strings(tree):
+            first.setdefault(node.value, index)
+        literals = figure_literals(tree, own, traced) + [literal for where, literal in strings if where == index]
+        shown = {_segment(source, literal) for literal in literals}
+        elsewhere = {source[start:end] for start, end in map(lambda literal: _segment(source, literal), _text_literals(tree))
+                     if (start, end) not in shown}  # the same literal as data in this cell: left as it is
+        texts = [source[slice(*_segment(source, literal))] for literal in sorted(
+            literals, key=lambda literal: (literal.lineno, literal.col_offset))
+            if not (isinstance(literal, ast.Constant) and literal.value in values)]
+        texts = [text for text in texts if text not in elsewhere]
+        texts += [json.dumps(name, ensure_ascii=False) for name, _ in widget_names(tree)] if traced else []
+        for text in texts:
+            message = Message(cell["id"] + CODE, text, lesson.name, "code", index)
             if message not in messages:
                 messages.append(message)
-    return messages
+    return messages + [Message(DATA, json.dumps(value, ensure_ascii=False), lesson.name, "code", first[value])
+                       for value in sorted(values, key=lambda value: (first[value], value))]
 
 
-def translated_code(source: str, chinese: dict[str, str]) -> str:
-    """A code cell with each literal that `chinese` translates (English literal → Chinese literal)
-    replaced, wherever it is text; never where it is data: a key looked up (`row["cards"]`), a
-    dictionary's key or a value compared keep the English the rest of the lesson uses."""
-    tree = _parsed(source)
-    if tree is None or not chinese:
-        return source
+WIDGET = re.compile(r"(Slider|Dropdown|Checkbox|ToggleButtons|RadioButtons|Select|Text)$")
+
+
+def widget_names(tree: ast.Module) -> list[tuple[str, ast.Call]]:
+    """interact()'s widgets that have no description: they show their parameter's name, which the
+    Chinese lesson gives them as a description, translated (the one change beyond literals)."""
+    return [(keyword.arg, keyword.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and _call_name(node) in ("interact", "interactive", "interact_manual")
+            for keyword in node.keywords if keyword.arg and isinstance(keyword.value, ast.Call)
+            and WIDGET.search(_call_name(keyword.value))
+            and not any(each.arg == "description" for each in keyword.value.keywords)]
+
+
+def _plain_strings(tree: ast.Module) -> list[ast.Constant]:
+    """The string constants of a cell that are values of their own (not the pieces of an f-string)."""
+    pieces = {id(part) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for part in node.values}
+    return [node for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and id(node) not in pieces]
+
+
+def _text_literals(tree: ast.Module) -> list[ast.expr]:
+    """Every literal of a cell that may be text, an f-string whole: not a key looked up, a
+    dictionary's key or a value compared."""
     literals: list[ast.expr] = []
-    def collect(node: ast.AST) -> None:  # every literal that is text, an f-string whole
+    def collect(node: ast.AST) -> None:
         if isinstance(node, ast.JoinedStr) or (isinstance(node, ast.Constant) and isinstance(node.value, str)):
             literals.append(node)
         elif isinstance(node, ast.Subscript):
@@ -348,9 +732,45 @@ def translated_code(source: str, chinese: dict[str, str]) -> str:
             for child in ast.iter_child_nodes(node):
                 collect(child)
     collect(tree)
-    for start, end in sorted((_segment(source, literal) for literal in literals), reverse=True):
-        if source[start:end] in chinese:
-            source = source[:start] + chinese[source[start:end]] + source[end:]
+    return literals
+
+
+def _quoted(text: str, like: str) -> str:
+    """`text` as a literal written with the quotes of the literal `like` (inside an f-string's
+    placeholder, before Python 3.12, only the other quote may stand)."""
+    opening = like.lstrip("rRuU")
+    quote = opening[:1]
+    if quote not in ("'", '"') or opening[:3] == quote * 3:
+        return json.dumps(text, ensure_ascii=False)
+    return quote + text.replace("\\", "\\\\").replace(quote, "\\" + quote).replace("\n", "\\n") + quote
+
+
+def translated_code(source: str, chinese: dict[str, str], values: dict[str, str] | None = None) -> str:
+    """A code cell with each literal that `chinese` translates (English literal → Chinese literal)
+    replaced, wherever it is text; never where it is data: a key looked up (`row["cards"]`), a
+    dictionary's key or a value compared keep the English the rest of the lesson uses. A value of
+    `values` (English value → Chinese literal) is replaced everywhere, as the whole lesson does
+    (DATA); a widget without a description is given its parameter's name, translated."""
+    tree = _parsed(source)
+    if tree is None or not (chinese or values):
+        return source
+    edits: dict[tuple[int, int], str] = {}
+    for node in _plain_strings(tree):
+        if values and node.value in values:
+            start, end = _segment(source, node)
+            edits[start, end] = _quoted(ast.literal_eval(values[node.value]), source[start:end])
+    for literal in _text_literals(tree):
+        start, end = _segment(source, literal)
+        if (start, end) not in edits and source[start:end] in chinese:
+            edits[start, end] = chinese[source[start:end]]
+    for name, widget in widget_names(tree):
+        text = chinese.get(json.dumps(name, ensure_ascii=False))
+        if text is not None and text != json.dumps(name, ensure_ascii=False):
+            last = (widget.args + [keyword.value for keyword in widget.keywords])[-1:]
+            at = _segment(source, last[0])[1] if last else _segment(source, widget)[1] - 1
+            edits[at, at] = (", " if last else "") + f"description={text}"
+    for (start, end), text in sorted(edits.items(), reverse=True):
+        source = source[:start] + text + source[end:]
     return source
 
 
@@ -488,6 +908,7 @@ def chinese_lesson(lesson: Path) -> dict:
     (translated_code), its first code cell choosing Chinese (chinese_code); the English outputs."""
     notebook = read_notebook(lesson)
     chinese = translated(_load(lesson_catalog(lesson)))
+    values = {ast.literal_eval(english): text for (context, english), text in chinese.items() if context == DATA}
     for cell in notebook["cells"]:
         if cell["cell_type"] == "markdown":
             text = chinese.get((cell["id"], "".join(cell["source"])))
@@ -495,7 +916,7 @@ def chinese_lesson(lesson: Path) -> dict:
                 cell["source"] = text.splitlines(True)
         elif cell["cell_type"] == "code":
             figures = {english: text for (context, english), text in chinese.items() if context == cell["id"] + CODE}
-            source = chinese_code(translated_code("".join(cell["source"]), figures))
+            source = chinese_code(translated_code("".join(cell["source"]), figures, values))
             if source != "".join(cell["source"]):
                 cell["source"] = source.splitlines(True)
     notebook["metadata"]["language"] = "zh-CN"  # read by tests; the lesson's other metadata is kept
@@ -525,10 +946,16 @@ def built_lesson(lesson: Path) -> str:
     return notebook_text(notebook)
 
 
-def not_run() -> list[Path]:
-    """The lessons whose Chinese notebook's outputs are not from a run of its current code."""
-    return [lesson for lesson in lessons()
-            if json.loads(built_lesson(lesson)).get("metadata", {}).get(RAN) is None]
+def built_lessons() -> dict[Path, str]:
+    """Every lesson's Chinese notebook as `build` writes it now (built_lesson), each built once."""
+    return {lesson: built_lesson(lesson) for lesson in lessons()}
+
+
+def not_run(built: dict[Path, str] | None = None) -> list[Path]:
+    """The lessons whose Chinese notebook's outputs are not from a run of its current code
+    (`built`: the lessons as built_lessons() gives them, where the caller has them already)."""
+    built = built_lessons() if built is None else built
+    return [lesson for lesson, text in built.items() if json.loads(text).get("metadata", {}).get(RAN) is None]
 
 
 MISSING_GLYPH = "missing from font"  # matplotlib's warning for a character its fonts cannot draw
@@ -581,18 +1008,21 @@ def built_document(name: str) -> str:
     return "\n\n".join(blocks) + "\n"
 
 
-def build() -> None:
-    """Write every Chinese notebook and document, the links the notebooks need, and the package's .mo.
+def build() -> dict[Path, str]:
+    """Write every Chinese notebook and document, the links the notebooks need, and the package's .mo;
+    return the notebooks written (built_lessons), for the checks that follow.
 
     It overwrites the Chinese lessons (a learner's edits in notebooks/zh/ are lost) and deletes
     nothing: the Chinese notebook of a lesson renamed or removed is deleted by hand, with its catalog."""
     link_shared_files()
-    for lesson in lessons():
-        _write(CHINESE_NOTEBOOKS / lesson.name, built_lesson(lesson))
+    built = built_lessons()
+    for lesson, text in built.items():
+        _write(CHINESE_NOTEBOOKS / lesson.name, text)
     for name, (_, chinese) in DOCUMENTS.items():
         _write(ROOT / chinese, built_document(name))
     if PACKAGE_CATALOG.exists() and not compiled_is_current():
         _load(PACKAGE_CATALOG).save_as_mofile(str(PACKAGE_CATALOG.with_suffix(".mo")))
+    return built
 
 
 def link_shared_files() -> None:
@@ -610,12 +1040,12 @@ def _write(path: Path, text: str) -> None:
         path.write_text(text, encoding="utf-8")
 
 
-def not_built() -> list[str]:
-    """The Chinese files that differ from what `build` writes now."""
+def not_built(built: dict[Path, str] | None = None) -> list[str]:
+    """The Chinese files that differ from what `build` writes now (`built`: as in not_run)."""
     found = []
-    for lesson in lessons():
+    for lesson, text in (built_lessons() if built is None else built).items():
         path = CHINESE_NOTEBOOKS / lesson.name
-        if not path.exists() or path.read_text(encoding="utf-8") != built_lesson(lesson):
+        if not path.exists() or path.read_text(encoding="utf-8") != text:
             found.append(str(path.relative_to(ROOT)))
     for name, (_, chinese) in DOCUMENTS.items():
         if not (ROOT / chinese).exists() or (ROOT / chinese).read_text(encoding="utf-8") != built_document(name):
@@ -635,14 +1065,15 @@ def compiled_is_current() -> bool:
     return holds == {msgid: msgstr for (_, msgid), msgstr in translated(_load(PACKAGE_CATALOG)).items()}
 
 
-def update() -> None:
-    """Merge the English into every catalog (new entries empty, changed ones fuzzy), then build."""
-    for path, messages in catalogs():
+def update(these: list[tuple[Path, list[Message]]] | None = None) -> dict[Path, str]:
+    """Merge the English into every catalog (new entries empty, changed ones fuzzy), then build
+    (`these`: the catalogs with their English, where the caller has them already)."""
+    for path, messages in catalogs() if these is None else these:
         path.parent.mkdir(parents=True, exist_ok=True)
         merged = merge(_load(path), messages)
         if not path.exists() or str(merged) != str(_load(path)):
             merged.save(str(path))
-    build()
+    return build()
 
 
 def main() -> None:
@@ -651,15 +1082,19 @@ def main() -> None:
     parser.add_argument("lessons", nargs="*", help="run: the lessons to run (00, 12b, or the notebook's name); all without")
     arguments = parser.parse_args()
     command = arguments.command
+    these = catalogs()  # each lesson's English read once, each Chinese lesson built once
     if command == "update":
-        update()
+        built = update(these)
     elif command == "build":
-        build()
-    elif command == "run":
-        run(arguments.lessons)
-    found = problems() + [f"{path}: differs from what `python docs/translate.py build` writes" for path in not_built()]
+        built = build()
+    else:
+        if command == "run":
+            run(arguments.lessons)
+        built = built_lessons()
+    found = problems(these) + [f"{path}: differs from what `python docs/translate.py build` writes"
+                               for path in not_built(built)]
     found += [f"notebooks/zh/{lesson.name}: its outputs are not from a run of its code: "
-              f"`python docs/translate.py run {lesson.stem.split('_')[0]}`" for lesson in not_run()]
+              f"`python docs/translate.py run {lesson.stem.split('_')[0]}`" for lesson in not_run(built)]
     for line in found:
         print(line)
     print(f"{len(found)} to do" if found else "the Chinese edition is complete and built")

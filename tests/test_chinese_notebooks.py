@@ -80,7 +80,12 @@ def test_a_translation_replaces_its_literal_where_it_is_text_and_nowhere_else() 
 
 # -- the Chinese code is the English code, its text translated -----------------------------------
 class Blanked(ast.NodeTransformer):
-    """A tree with every string literal's text blanked, an f-string's placeholders kept."""
+    """A tree with every string literal's text blanked, an f-string's placeholders kept, and no
+    widget's description (the Chinese lesson gives one to a widget that shows its parameter's name)."""
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        node.keywords = [keyword for keyword in node.keywords if keyword.arg != "description"]
+        return self.generic_visit(node)
 
     def visit_Constant(self, node: ast.Constant) -> ast.AST:
         return ast.Constant("") if isinstance(node.value, str) else node
@@ -96,8 +101,8 @@ def blanked(source: str) -> str:
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=IDS)
 def test_the_chinese_code_differs_from_the_english_in_string_literals_only(lesson: Path) -> None:
-    """Magic lines (the first cell's `%fourcards_lang zh`) and comments aside, the same program: the
-    outputs of nbval's two Chinese lessons stand for the rest."""
+    """Magic lines (the first cell's `%fourcards_lang zh`), comments and widgets' descriptions aside,
+    the same program: the outputs of nbval's two Chinese lessons stand for the rest."""
     english = json.loads(lesson.read_text(encoding="utf-8"))["cells"]
     chinese = chinese_notebook(lesson)["cells"]
     differ = [index for index, (en, zh) in enumerate(zip(english, chinese)) if en["cell_type"] == "code"
@@ -201,3 +206,67 @@ def test_plots_draws_its_own_words_in_the_learners_language(monkeypatch: pytest.
     assert [label.get_text() for label in panels.axes[0].get_yticklabels()] == ["卡 0", "卡 1"]
     assert "未定义" in [text.get_text() for text in panels.axes[0].texts]
     plt.close("all")
+
+
+# -- labels made from the lesson's own data, widgets without a description, verdicts ------------
+def test_labels_made_from_the_lessons_data_are_found_and_data_from_outside_is_not() -> None:
+    """A legend, lane or tick the code builds from a dictionary, a list of events or a loop is figure
+    text; a word that leaves the notebook (a job's name handed to sbatch) or comes from the ranks is not."""
+    messages = {lesson.stem[:3]: translate.code_messages(lesson) for lesson in LESSONS}
+    data = {stem: {m.text for m in found if m.context == translate.DATA} for stem, found in messages.items()}
+    cells = {stem: {m.text for m in found if m.context != translate.DATA} for stem, found in messages.items()}
+    assert {'"scatter the batch"', '"card 0 (master)"'} <= data["03_"] and 'f"card {k}"' in cells["03_"]  # a timeline's events
+    assert {'"default loader"', '"4 threads"', '"raw 0–255"'} <= data["04_"]  # dict keys, looked up as well
+    assert '"without set_epoch"' in cells["04_"] and '"without set_epoch"' not in data["04_"]  # also the ranks' key
+    assert '"no warm-up"' in data["02_"] and '"SGD + momentum"' in data["09_"]
+    assert any(text.startswith('"MnistCNN, batch 64') for text in data["05_"])
+    assert {'"stages"', '"micro_batches"'} <= cells["07_"] and '"optimizer"' in cells["09_"]  # widgets' names
+    assert '"resumed"' in cells["12b"] and '"resumed"' not in data["12b"]  # shown, but also compared with a job's output
+    assert not {'"straight"', '"killed"'} & (data["12b"] | cells["12b"])  # job names: sbatch and the files use them
+
+
+def test_a_value_is_renamed_wherever_the_lesson_uses_it_and_nowhere_it_leaves() -> None:
+    cells = ['rates = {"light load": 1.0, "heavy load": 2.0, "to disk": 3.0, "in ranks": 4.0, "a state": 5.0,\n'
+             '         "with offload": 6.0}\nsave("to disk")\nhost = [name for name in rates if name.endswith("offload")]\n',
+             'for name, rate in rates.items():\n    ax.bar(name, rate, label=name)\n'
+             'assert rates["light load"] < rates["heavy load"]\nprint(f"{rates[\'light load\']}", "a state" in line)\n',
+             '%%torchrun -n 2\nreport(kind="in ranks")\n']  # a file's name, compared words, the ranks' word: data
+    notebook = {"cells": [{"cell_type": "code", "id": f"c{n}", "source": source} for n, source in enumerate(cells)]}
+    strings, values = translate.shown_values(notebook, {}, beside="")
+    assert values == {"light load", "heavy load"} and not strings
+    chinese = translate.translated_code(cells[1], {}, {"light load": '"轻负载"', "heavy load": '"重负载"'})
+    assert chinese == ('for name, rate in rates.items():\n    ax.bar(name, rate, label=name)\n'
+                       'assert rates["轻负载"] < rates["重负载"]\nprint(f"{rates[\'轻负载\']}", "a state" in line)\n')
+
+
+def test_a_widget_without_a_description_gets_its_parameters_name_in_chinese() -> None:
+    source = 'interact(f, n=IntSlider(4, 1, 8), m=Dropdown(options=[1]), k=IntSlider(2, description="k"))\n'
+    assert [name for name, _ in translate.widget_names(ast.parse(source))] == ["n", "m"]
+    assert translate.translated_code(source, {'"n"': '"卡数"', '"m"': '"m"'}) == (
+        'interact(f, n=IntSlider(4, 1, 8, description="卡数"), m=Dropdown(options=[1]), k=IntSlider(2, description="k"))\n')
+
+
+@pytest.mark.parametrize("lesson", [lesson for lesson in LESSONS if lesson.stem not in translate.NOT_YET_TRACED],
+                         ids=lambda lesson: lesson.stem)
+def test_no_label_from_data_no_widget_name_and_no_verdict_stays_english(lesson: Path) -> None:
+    """The built Chinese code, scanned: no value the catalog translates is left in English in any code
+    cell, every widget of interact() shows a Chinese description (or a name kept as it is), and each
+    line printed with a verdict's mark (✓) says it in Chinese."""
+    catalog = translate.translated(polib.pofile(str(translate.lesson_catalog(lesson))))
+    values = {ast.literal_eval(english) for (context, english), text in catalog.items()
+              if context == translate.DATA and text != english}
+    wrong = []
+    for cell in chinese_notebook(lesson)["cells"]:
+        tree = translate._parsed("".join(cell["source"])) if cell["cell_type"] == "code" else None
+        for node in ast.walk(tree) if tree else ():
+            if isinstance(node, ast.Constant) and node.value in values:
+                wrong.append(f"cell {cell['id']}: {node.value!r} is still English")
+            if (isinstance(node, ast.Call) and translate._call_name(node) == "print" and node.args
+                    and any(translate._constant_text(literal).startswith(translate.VERDICTS)
+                            for literal in translate._literals_in(node.args[0]))
+                    and not any(HAN.search(translate._constant_text(literal)) for literal in translate._literals_in(node.args[0]))):
+                wrong.append(f"cell {cell['id']}: a verdict in English")
+        for name, _ in translate.widget_names(tree) if tree else ():
+            if catalog.get((cell["id"] + translate.CODE, f'"{name}"'), f'"{name}"') != f'"{name}"':
+                wrong.append(f"cell {cell['id']}: the widget {name} shows its parameter's name")
+    assert not wrong, "\n".join(wrong)
