@@ -1,7 +1,7 @@
-"""Lesson 13's GPT at a size whose blocks are most of it: each rank's bytes in one training step (the second: AdamW's
-moments exist), counted exactly by LiveTensorBytes, for one card, DDP, FSDP2 with activation checkpointing and the 2 × 2
-mesh (tensor + sequence parallel over tp, FSDP2 over dp). Reports per strategy the bytes at rest, after forward, and
-the peaks of forward + backward and of the optimizer step."""
+"""Lesson 13's GPT at a size whose blocks are most of it: each rank's bytes in its first training step, counted exactly
+by LiveTensorBytes, for one card, DDP, FSDP2 with activation checkpointing and the 2 × 2 mesh (tensor + sequence parallel
+over tp, FSDP2 over dp). Reports per strategy the bytes before the step, after forward, the peaks of forward + backward
+and of the optimizer step (which makes AdamW's moments), and the bytes after it, at rest."""
 import argparse, contextlib, os, sys, torch, torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
@@ -50,16 +50,15 @@ for strategy, share in (("one card", slice(None)), ("DDP", slice(rank, None, 4))
     with LiveTensorBytes() as live:                              # from the model's first byte on
         live.track([tokens])                                     # the text, which every rank holds whole
         model = build(strategy); optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
-        for step in range(2):
-            x, y = (t[share].to(device) for t in get_batch(tokens, args.batch, config.block_size, torch.Generator().manual_seed(step)))
-            rest = live.peak = live.current                      # model states (and the batch)
-            with loss_parallel() if strategy == "2 × 2 mesh" else contextlib.nullcontext():
-                loss = model(x, y)[1]
-                forward = live.current
-                loss.backward()
-            backward, live.peak = live.peak, live.current
-            optimizer.step(); optimizer.zero_grad(); del loss
-        found[strategy] = {"rest": rest, "forward": forward, "backward": backward, "optimizer": live.peak}
+        x, y = (t[share].to(device) for t in get_batch(tokens, args.batch, config.block_size, torch.Generator().manual_seed(0)))
+        before = live.peak = live.current                        # the weights (and the batch): AdamW has no moments yet
+        with loss_parallel() if strategy == "2 × 2 mesh" else contextlib.nullcontext():
+            loss = model(x, y)[1]
+            forward = live.current
+            loss.backward()
+        backward, live.peak = live.peak, live.current
+        optimizer.step(); optimizer.zero_grad(); del loss          # the step makes AdamW's moments
+        found[strategy] = {"before": before, "forward": forward, "backward": backward, "optimizer": live.peak, "rest": live.current}
 report(**found)
 dist.destroy_process_group()
 sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
