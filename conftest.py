@@ -10,19 +10,14 @@ SLURM is not installed, with the sentence that installs it; in CI (CI=true) it r
 since a skip would hide a missing install step."""
 from __future__ import annotations
 
-import json
 import os
-from functools import cache
 from pathlib import Path
 
 import pytest
 
-# The Chinese notebooks' code is the English with the text of its figures translated, and their stored
-# outputs come from running them (docs/translate.py run; tests/test_chinese.py and
-# tests/test_chinese_notebooks.py check both, cell by cell). nbval runs these Chinese lessons again, each
-# in one rounding: 00 (the launcher's and the pre-flight check's messages) and 02 (a diagram, a widget
-# and the exercises' verdicts). All seventeen would add about 15 minutes to CI, which keeps within 75.
-CHINESE_NBVAL = ("00_cards_and_launching", "02_data_parallelism_by_hand")
+from helpers import CHINESE_NBVAL, cannot_run_here  # tests/helpers.py (pyproject.toml puts tests/ on the path)
+
+# nbval runs the Chinese lessons named in CHINESE_NBVAL again (tests/helpers.py says why those two)
 collect_ignore = [str(path.relative_to(Path(__file__).parent))
                   for path in sorted(Path(__file__).parent.glob("notebooks/zh/*.ipynb")) if path.stem not in CHINESE_NBVAL]
 
@@ -32,17 +27,6 @@ collect_ignore = [str(path.relative_to(Path(__file__).parent))
 # kernel for it starts without the setting (pytest_runtest_setup).
 ENGLISH = "en"
 os.environ["FOURCARDS_LANG"] = ENGLISH
-
-
-@cache
-def cannot_run_here(notebook: Path) -> str | None:
-    """Why this lesson cannot run on this machine, or None when it can (always None in CI)."""
-    needs = json.loads(Path(notebook).read_text(encoding="utf-8"))["metadata"].get("fourcards", {}).get("needs")
-    if needs != "slurm" or os.environ.get("CI"):
-        return None
-    from fourcard_helpers.slurm import INSTALL_HINT, missing_programs
-
-    return f"{Path(notebook).name} needs SLURM: {INSTALL_HINT}" if missing_programs() else None
 
 
 @pytest.hookimpl(hookwrapper=True)

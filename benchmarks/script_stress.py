@@ -40,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from test_scripts import run_with_plain_torchrun, shipped_launches  # noqa: E402  (the tests' own launch)
+from helpers import run_with_plain_torchrun, shipped_launches  # noqa: E402  (the tests' own launch)
 
 SIGNATURES = (  # (what it is called here, text that marks it in the launch's output)
     ("exit abort", "terminate called without an active exception"),

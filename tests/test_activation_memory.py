@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from fourcard_helpers import MnistCNN
-from test_notebooks import NOTEBOOKS, cells, source
+from helpers import NOTEBOOKS, cells, source
 
 LESSONS = [path for path in NOTEBOOKS if path.name[:2] in {"02", "03", "07"}]
 

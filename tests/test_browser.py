@@ -30,7 +30,7 @@ import pytest
 
 pytestmark = pytest.mark.slow  # every test here starts ranks, a kernel or a browser: not in the fast tier
 
-ROOT = Path(__file__).resolve().parent.parent
+from helpers import ROOT  # noqa: E402
 ARTIFACTS = ROOT / "tests" / "artifacts"
 CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
 RUN_ALL_LIMIT_S = 600  # generous: a lesson takes well under 90 s; this only stops a hung page

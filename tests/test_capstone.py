@@ -1,14 +1,13 @@
 """Lesson 11's measuring instruments: the module its launches import is the lesson's own cell, and it counts."""
 import importlib.util
 import socket
-from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-from test_notebooks import written_by_cells
+from helpers import ROOT, written_by_cells
 
-NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+NOTEBOOKS = ROOT / "notebooks"
 SHIPPED = NOTEBOOKS / "scripts" / "comm_meter.py"
 
 

@@ -20,7 +20,8 @@ from pathlib import Path
 import polib
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from helpers import CHINESE_NBVAL, ROOT  # noqa: E402
+
 sys.path.insert(0, str(ROOT / "docs"))
 
 import translate  # noqa: E402  (docs/translate.py: the one definition of what is built)
@@ -95,8 +96,6 @@ def test_nbval_runs_the_chosen_chinese_notebooks_again_and_no_other() -> None:
     assert collected.returncode == 0, collected.stdout + collected.stderr
     assert "00_cards_and_launching.ipynb::" in collected.stdout
     chinese = {line.split("::")[0] for line in collected.stdout.splitlines() if line.startswith("notebooks/zh/")}
-    from conftest import CHINESE_NBVAL
-
     assert chinese == {f"notebooks/zh/{name}.ipynb" for name in CHINESE_NBVAL}
 
 

@@ -24,7 +24,8 @@ import pytest
 matplotlib.use("agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
+from helpers import ROOT  # noqa: E402
+
 sys.path.insert(0, str(ROOT / "docs"))
 
 import translate  # noqa: E402

@@ -11,6 +11,7 @@ import torch
 
 from fourcard_helpers import data
 from fourcard_helpers.data import MnistDataError, load_mnist, load_mnist_raw, normalisation, read_idx
+from helpers import ROOT
 
 
 def test_shipped_subset_is_real_balanced_and_split() -> None:
@@ -140,7 +141,7 @@ def test_the_recipes_validation_split_is_held_out_of_training_and_never_the_test
     """Lesson 11 chooses the recipe's learning rate on this split: its digits must be training digits that the
     choosing runs do not train on, and none of them a test digit."""
     monkeypatch.delenv("MNIST_FULL", raising=False)  # the module reads it on import: the shipped digits here
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "notebooks"))
+    monkeypatch.syspath_prepend(str(ROOT / "notebooks"))
     monkeypatch.delitem(sys.modules, "mnist_recipe", raising=False)
     import mnist_recipe
     train, held_out = mnist_recipe.build_datasets_held_out()

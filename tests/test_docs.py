@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from helpers import ROOT
 
 
 def load_builder():

@@ -19,7 +19,7 @@ from fourcard_helpers import exercises
 from fourcard_helpers.check import CheckFailed
 from fourcard_helpers.exercises import harness
 from fourcard_helpers.solutions import ddp, sharding
-from test_notebooks import NOTEBOOKS, cells, source
+from helpers import NOTEBOOKS, cells, source
 
 HEADER = "import contextlib\n\nimport torch\nimport torch.distributed as dist\nfrom torch import nn\n\n\n"
 OVERLAPPED = HEADER + inspect.getsource(ddp._unused) + "\n\n" + inspect.getsource(ddp.OverlappedDDP)

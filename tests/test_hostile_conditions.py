@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import site
 import shutil
 import subprocess
 import sys
@@ -27,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from fourcard_helpers.rundir import RUN_DIR_ENV
-from test_notebooks import NOTEBOOKS
+from helpers import AS_NOBODY, NOTEBOOKS, python_for_nobody
 
 LESSON = NOTEBOOKS[0]
 CONDITIONS = ["learner's account", "one core", "busy machine"]
@@ -36,22 +35,6 @@ CONDITIONS = ["learner's account", "one core", "busy machine"]
 def spin() -> None:  # one core's worth of load
     while True:
         pass
-
-
-AS_NOBODY = ["runuser", "-u", "nobody", "--"]  # runuser drops root's rights as a login would
-
-
-def python_for_nobody(env: dict[str, str]) -> str:
-    """An interpreter `nobody` may run that imports this environment's packages; sets PYTHONPATH if needed."""
-    if subprocess.run([*AS_NOBODY, sys.executable, "-c", "pass"], capture_output=True).returncode == 0:
-        return sys.executable
-    system = shutil.which(f"python{sys.version_info.major}.{sys.version_info.minor}", path="/usr/bin:/usr/local/bin")
-    if system is None:
-        pytest.skip(f"this Python is out of the ordinary user's reach and no system Python "
-                    f"{sys.version_info.major}.{sys.version_info.minor} exists")
-    repo = str(LESSON.parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join([*site.getsitepackages(), repo])
-    return system
 
 
 @pytest.mark.slow

@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import threading
 from pathlib import Path
 
@@ -22,33 +21,7 @@ from fourcard_helpers.cards import detect
 from fourcard_helpers.launch import LaunchError, leftover_processes, rank_environment, rank_pids, torchrun
 from fourcard_helpers.lifecycle import wait_until
 from fourcard_helpers.rundir import DEVICE_ENV, RUN_DIR_ENV
-
-
-INIT = """
-import os, sys, time
-import torch
-import torch.distributed as dist
-from fourcard_helpers import detect, report
-cards = detect(int(os.environ["WORLD_SIZE"]))
-dist.init_process_group(cards.backend)
-rank = dist.get_rank()
-"""
-
-
-def script(tmp_path: Path, body: str, name: str = "job.py") -> Path:
-    path = tmp_path / name
-    path.write_text(INIT + textwrap.dedent(body))
-    return path
-
-
-def assert_nothing_left(launcher_pid: int | None = None) -> None:
-    """No torchrun and no rank of this process's launches (or of `launcher_pid`'s) still runs.
-    Waits for the event, with a deadline far beyond what stopping takes."""
-    try:
-        wait_until(lambda: not leftover_processes(launcher_pid), 60)
-    except TimeoutError:
-        pass  # the assert below names what is left
-    assert leftover_processes(launcher_pid) == []
+from helpers import INIT, assert_nothing_left, script, start_kernel_like_launch
 
 
 @pytest.mark.slow
@@ -192,38 +165,6 @@ def test_two_launches_at_once(tmp_path: Path) -> None:
         assert not isinstance(result, Exception), result
         assert result.values("total") == [3.0, 3.0] and result.values("name") == [name, name]
     assert_nothing_left()
-
-
-KERNEL = """
-import signal
-import sys
-signal.signal(signal.SIGINT, signal.default_int_handler)  # as ipykernel does while a cell runs: a
-# process started with SIGINT ignored (a background job of a shell) would otherwise ignore the stop button
-from fourcard_helpers.launch import torchrun
-try:
-    torchrun(sys.argv[1], nproc=4, timeout=300)
-except KeyboardInterrupt:
-    print("KeyboardInterrupt reached the caller", flush=True)
-    sys.exit(3)
-"""
-
-
-def start_kernel_like_launch(tmp_path: Path, kernel_code: str = KERNEL) -> subprocess.Popen[str]:
-    """A Python process standing in for the notebook kernel (running `kernel_code`), launching 4
-    ranks that sleep; returns once all four have said they are ready."""
-    path = script(tmp_path, """
-        print("ready", flush=True)
-        time.sleep(600)
-    """)
-    kernel = subprocess.Popen([sys.executable, "-c", kernel_code, str(path)], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
-    assert kernel.stdout is not None
-    ready = 0
-    for line in kernel.stdout:
-        ready += line.endswith("] ready\n")
-        if ready == 4:
-            return kernel
-    pytest.fail("the ranks never started")
 
 
 @pytest.mark.slow

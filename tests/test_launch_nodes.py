@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fourcard_helpers.launch import LaunchError, leftover_processes, torchrun
-from test_launch import assert_nothing_left, script, start_kernel_like_launch
+from helpers import assert_nothing_left, script, start_kernel_like_launch
 
 pytestmark = pytest.mark.slow  # every test here starts ranks, a kernel or a browser: not in the fast tier
 

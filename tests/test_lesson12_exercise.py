@@ -4,24 +4,14 @@ The check runs in-process (no torchrun): the lesson's own cells, executed here.
 """
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pytest
 
 from fourcard_helpers import check
-from test_notebooks import NOTEBOOKS, cells, source
+from helpers import NOTEBOOKS, cells, definitions, source
 
 LESSON = next(p for p in NOTEBOOKS if p.stem == "12_beyond_one_machine")
-
-
-def definitions(text: str) -> str:
-    """A cell's source without its top-level expression statements (the `check.exercise(...)` call)."""
-    lines = text.splitlines()
-    for node in ast.parse(text).body:
-        if isinstance(node, ast.Expr):
-            lines[node.lineno - 1:node.end_lineno] = [""] * (node.end_lineno - node.lineno + 1)
-    return "\n".join(lines) + "\n"
 
 
 def code_cell(marker: str) -> str:

@@ -7,8 +7,7 @@ import torch
 
 from fourcard_helpers import check
 from fourcard_helpers.gpt import GPT, GPTConfig, get_batch, poem_tokens
-from test_lesson12_exercise import definitions
-from test_notebooks import NOTEBOOKS, cells, source
+from helpers import NOTEBOOKS, cells, definitions, source
 
 LESSON = next(p for p in NOTEBOOKS if p.stem == "13_gpt_on_four_cards")
 

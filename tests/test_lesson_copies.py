@@ -10,7 +10,7 @@ import inspect
 import pytest
 
 from fourcard_helpers import gpt, loaders, moe, ring, schedules
-from test_notebooks import NOTEBOOKS, cells, source
+from helpers import NOTEBOOKS, cells, source
 
 COPIES = [  # (lesson, name, the package's object)
     ("04_data_loading", "BatchIndexSampler", loaders.BatchIndexSampler),

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from helpers import ROOT
+
 PACKAGE = ROOT / "fourcard_helpers"
 
 SHOWN_BY_CALLS = {"print", "warn", "write", "ok", "fail", "say"}  # print(), warnings.warn(), stream.write(), Findings

@@ -4,12 +4,12 @@ capacity, and the comparison tells apart the mistakes it exists to catch."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 import torch
 
 from fourcard_helpers.moe import MoE
+from helpers import ROOT
 
 
 def two_tokens_crossed() -> tuple[MoE, torch.Tensor]:
@@ -68,7 +68,7 @@ def test_capacity_agrees_with_a_plain_loop_for_top_2() -> None:
 # Expert parallel as production runs it (lesson 14's last launch, on two ranks): top-2, a capacity each rank applies
 # to its own tokens, the balancing loss from all-reduced counts. The lesson finds it equal to one card applying each
 # rank's capacity to that rank's tokens; the same comparison must find the two mistakes it exists to catch.
-TOP2_SCRIPT = Path(__file__).resolve().parent.parent / "notebooks" / "scripts" / "14_expert_parallel_top2.py"
+TOP2_SCRIPT = ROOT / "notebooks" / "scripts" / "14_expert_parallel_top2.py"
 OWN_COUNTS = ("dist.all_reduce(counts)  ", "pass  # no all-reduce: each rank's f from its own counts  ")
 BATCH_CAPACITY = ("capacity_factor=FACTOR)", "capacity_factor=FACTOR * world)")   # the batch's C on each rank's tokens
 # float64's rounding, as the lesson allows it: the same sums in another order move a result by a few units in the last

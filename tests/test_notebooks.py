@@ -9,26 +9,17 @@ leaving their process group cleanly (a rank that does not can abort at exit unde
 from __future__ import annotations
 
 import ast
-import json
 import re
 from pathlib import Path
 
 import pytest
 
-NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
+from helpers import NOTEBOOKS, cells, source
 
 
 def lesson_id(path: Path) -> str:
     """A lesson's number as its file name gives it: "07", or "12b" for a companion of lesson 12."""
     return path.name.split("_")[0]
-
-
-def cells(path: Path) -> list[dict]:
-    return json.loads(path.read_text(encoding="utf-8"))["cells"]
-
-
-def source(cell: dict) -> str:
-    return "".join(cell["source"])
 
 
 def test_the_course_has_its_lessons_in_order() -> None:
@@ -193,17 +184,6 @@ def test_every_shipped_script_comes_from_a_cell() -> None:
              for path in NOTEBOOKS for line, _ in launches(path) if "--save" in line}
     shipped = {p.resolve() for p in (NOTEBOOKS[0].parent / "scripts").glob("[0-9][0-9]_*.py")}
     assert shipped <= saved, f"stale scripts no cell saves: {sorted(p.name for p in shipped - saved)}"
-
-
-def written_by_cells(path: Path, target: str) -> str:
-    """What the `%%writefile` cells of a lesson write to `target` (a path from the notebooks folder):
-    the first cell writes the file, each later one appends to it (`%%writefile -a`), in order."""
-    writers = [source(cell) for cell in cells(path) if cell["cell_type"] == "code"
-               and source(cell).partition("\n")[0].split()[:1] == ["%%writefile"]
-               and source(cell).partition("\n")[0].split()[-1] == target]
-    assert writers and writers[0].startswith(f"%%writefile {target}\n"), f"no cell writes {target}"
-    assert all(text.startswith(f"%%writefile -a {target}\n") for text in writers[1:]), f"{target} is written twice"
-    return "".join(text.partition("\n")[2] for text in writers)
 
 
 DOCTOR_SAYS = "torchrun: doctor: "

@@ -36,7 +36,7 @@ from pathlib import Path
 import pytest
 
 from conftest import cannot_run_here
-from test_notebooks import NOTEBOOKS
+from helpers import NOTEBOOKS
 
 ROOT = NOTEBOOKS[0].parent.parent
 ANOTHER_ROUNDING = {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41", "OMP_NUM_THREADS": "1"}

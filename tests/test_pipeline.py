@@ -1,10 +1,9 @@
 """Pipeline schedules of lesson 07: orders, logical timeline, bubble and memory."""
 from fractions import Fraction
-from pathlib import Path
 
 import pytest
 
-from test_notebooks import written_by_cells
+from helpers import ROOT, written_by_cells
 
 from fourcard_helpers.schedules import idle_fraction, peak_in_flight, pipeline_order, simulate_pipeline
 
@@ -38,7 +37,7 @@ def test_idle_fraction_of_measured_style_events():
     assert idle_fraction(events) == 0.5
 
 
-NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "07_model_and_pipeline_parallel.ipynb"
+NOTEBOOK = ROOT / "notebooks" / "07_model_and_pipeline_parallel.ipynb"
 
 
 def test_the_step_module_the_scripts_import_is_the_lessons_cell():

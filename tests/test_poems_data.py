@@ -7,7 +7,9 @@ import re
 import sys
 from pathlib import Path
 
-DATA = Path(__file__).resolve().parent.parent / "data"
+from helpers import ROOT
+
+DATA = ROOT / "data"
 sys.path.insert(0, str(DATA))
 
 from build_tang_quatrains import quatrains  # noqa: E402  (data/ is not a package)

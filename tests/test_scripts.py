@@ -11,90 +11,15 @@ from __future__ import annotations
 
 import ast
 import os
-import re
-import signal
-import socket
-import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from fourcard_helpers.magic import placeholder_line
-from test_notebooks import NOTEBOOKS, cells, source
+from helpers import NOTEBOOK_DIR, run_with_plain_torchrun, shipped_launches
 
 pytestmark = pytest.mark.slow  # every test here starts ranks, a kernel or a browser: not in the fast tier
-
-NOTEBOOK_DIR = NOTEBOOKS[0].parent
-
-
-def shipped_launches() -> list[tuple[str, int, int, float, bool]]:
-    """(script path relative to notebooks/, ranks per node, nodes, timeout, expected to fail) of every
-    saved launch."""
-    found = []
-    for path in NOTEBOOKS:
-        for cell in cells(path):
-            text = source(cell)
-            if cell["cell_type"] != "code" or not text.startswith("%%torchrun"):
-                continue
-            line = text.partition("\n")[0]
-            saved = re.search(r"--save\s+(\S+)", line)
-            if not saved:
-                continue
-            nproc = re.search(r"(?:-n|--nproc)\s+(\d+)", line)
-            nnodes = re.search(r"--nnodes\s+(\d+)", line)
-            timeout = re.search(r"--timeout\s+([\d.]+)", line)
-            fails = ("raises-exception" in cell["metadata"].get("tags", [])
-                     or placeholder_line(text.partition("\n")[2]) is not None)
-            found.append((saved.group(1), int(nproc.group(1)) if nproc else 4, int(nnodes.group(1)) if nnodes else 1,
-                          float(timeout.group(1)) if timeout else 300.0, fails))
-    return found
-
-
-def plain_torchrun(nproc: int, nnodes: int) -> list[list[str]]:
-    """The command line of each torchrun agent: one `--standalone` agent, or (a cell's `--nnodes N`)
-    N agents joined at one c10d rendezvous endpoint on 127.0.0.1, as on N machines of a cluster."""
-    if nnodes == 1:
-        return [["--standalone", f"--nproc-per-node={nproc}"]]
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    return [[f"--nnodes={nnodes}", f"--nproc-per-node={nproc}", "--rdzv-backend=c10d",
-             f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=plain"] for _ in range(nnodes)]
-
-
-def run_with_plain_torchrun(script: str, nproc: int, nnodes: int, timeout: float,
-                            extra_env: dict[str, str] | None = None) -> tuple[list[int | None], str]:
-    """Launch `script` once as a learner would, with bare torchrun agents; return each agent's exit
-    code (None: it ran past `timeout` + 60 s and was killed) and the launch's output. Nothing of
-    the launch outlives the call. benchmarks/script_stress.py runs the same launch many times."""
-    env = {**os.environ, "FOURCARD_DEVICE": "cpu", "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
-           "PYTHONUNBUFFERED": "1", **(extra_env or {})}
-    env.pop("FOURCARD_RUN_DIR", None)
-    procs = [subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", *agent, script],
-        cwd=NOTEBOOK_DIR, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        start_new_session=True,
-    ) for agent in plain_torchrun(nproc, nnodes)]
-    outputs, codes = [], []
-    deadline = time.monotonic() + timeout + 60  # the script's own timeout, with a margin, for the launch as a whole
-    try:
-        for proc in procs:
-            try:
-                outputs.append(proc.communicate(timeout=max(deadline - time.monotonic(), 1))[0].decode("utf-8", "replace"))
-                codes.append(proc.returncode)
-            except subprocess.TimeoutExpired:
-                codes.append(None)
-    finally:
-        for proc in procs:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)  # nothing of the run may outlive the launch
-            except ProcessLookupError:
-                pass
-    return codes, "".join(outputs)
-
 
 RUNS = 3  # launches per script: exit-time races showed in a few percent of single runs (benchmarks/script_stress.py)
 

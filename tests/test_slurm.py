@@ -21,13 +21,12 @@ from fourcard_helpers.lifecycle import (alive, carries, command_line, listening,
 from fourcard_helpers.rundir import DEVICE_ENV, RENAMED, SLURM_CONF_ENV, VENV_ENV
 from fourcard_helpers.slurm import (INSTALL_HINT, MARK_ENV, ClusterError, claimed_blocks, down, missing_programs,
                                     practice_cluster, status, up)
+from helpers import ROOT
 
 if missing_programs():
     if os.environ.get("CI"):
         pytest.fail(f"the SLURM tests must run in CI: {INSTALL_HINT}", pytrace=False)
     pytest.skip(f"SLURM tests skipped: {INSTALL_HINT}", allow_module_level=True)
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _wait_until(condition, what: str, bound: float = 60.0) -> None:
@@ -220,7 +219,7 @@ def test_an_ordinary_user_runs_the_cluster(tmp_path):
     """As the README's test command runs as root in CI: the same cluster and job as `nobody`, no root anywhere."""
     if os.geteuid() != 0:
         pytest.skip("not root: every test above already ran as an ordinary user")
-    from test_hostile_conditions import AS_NOBODY, python_for_nobody
+    from helpers import AS_NOBODY, python_for_nobody
 
     env = {**os.environ}
     python = python_for_nobody(env)

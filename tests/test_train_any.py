@@ -24,7 +24,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-SCRIPT = Path(__file__).resolve().parent.parent / "notebooks" / "scripts" / "train_any.py"
+from helpers import ROOT
+
+SCRIPT = ROOT / "notebooks" / "scripts" / "train_any.py"
 
 TINY = '''
 import torch

@@ -1,0 +1,228 @@
+"""What the tests share, in one module: the repository's folders, the lessons and their cells, a
+script of ranks and the checks that nothing of a launch is left, a launch as a learner makes it with
+plain torchrun, an ordinary user's Python.
+
+Test modules import from here and never from one another, so that a test file can move to another
+tier (tests/unit, tests/process, tests/lessons) or be deleted without breaking a file it never
+mentions; benchmarks import from here too (benchmarks/script_stress.py runs the tests' own launch).
+pyproject.toml puts this folder on pytest's path (`pythonpath`). Imports of the course's package are
+made inside the functions that need them, so that pytest's start-up (conftest.py imports this
+module) does not load torch.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import shutil
+import signal
+import site
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent  # the repository, whichever tier a test lives in
+NOTEBOOK_DIR = ROOT / "notebooks"
+NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]*_*.ipynb"))
+
+# The Chinese notebooks' code is the English with the text of its figures translated, and their stored
+# outputs come from running them (docs/translate.py run; test_chinese.py and test_chinese_notebooks.py
+# check both, cell by cell). nbval runs these Chinese lessons again, each
+# in one rounding: 00 (the launcher's and the pre-flight check's messages) and 02 (a diagram, a widget
+# and the exercises' verdicts). All seventeen would add about 15 minutes to CI, which keeps within 75.
+CHINESE_NBVAL = ("00_cards_and_launching", "02_data_parallelism_by_hand")
+
+
+# -- the lessons ----------------------------------------------------------------------------------
+def cells(path: Path) -> list[dict]:
+    return json.loads(path.read_text(encoding="utf-8"))["cells"]
+
+
+def source(cell: dict) -> str:
+    return "".join(cell["source"])
+
+
+def written_by_cells(path: Path, target: str) -> str:
+    """What the `%%writefile` cells of a lesson write to `target` (a path from the notebooks folder):
+    the first cell writes the file, each later one appends to it (`%%writefile -a`), in order."""
+    writers = [source(cell) for cell in cells(path) if cell["cell_type"] == "code"
+               and source(cell).partition("\n")[0].split()[:1] == ["%%writefile"]
+               and source(cell).partition("\n")[0].split()[-1] == target]
+    assert writers and writers[0].startswith(f"%%writefile {target}\n"), f"no cell writes {target}"
+    assert all(text.startswith(f"%%writefile -a {target}\n") for text in writers[1:]), f"{target} is written twice"
+    return "".join(text.partition("\n")[2] for text in writers)
+
+
+def definitions(text: str) -> str:
+    """A cell's source without its top-level expression statements (the `check.exercise(...)` call)."""
+    lines = text.splitlines()
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.Expr):
+            lines[node.lineno - 1:node.end_lineno] = [""] * (node.end_lineno - node.lineno + 1)
+    return "\n".join(lines) + "\n"
+
+
+@cache
+def cannot_run_here(notebook: Path) -> str | None:
+    """Why this lesson cannot run on this machine, or None when it can (always None in CI)."""
+    needs = json.loads(Path(notebook).read_text(encoding="utf-8"))["metadata"].get("fourcards", {}).get("needs")
+    if needs != "slurm" or os.environ.get("CI"):
+        return None
+    from fourcard_helpers.slurm import INSTALL_HINT, missing_programs
+
+    return f"{Path(notebook).name} needs SLURM: {INSTALL_HINT}" if missing_programs() else None
+
+
+# -- a script of ranks, launched by the course's launcher -------------------------------------------
+INIT = """
+import os, sys, time
+import torch
+import torch.distributed as dist
+from fourcard_helpers import detect, report
+cards = detect(int(os.environ["WORLD_SIZE"]))
+dist.init_process_group(cards.backend)
+rank = dist.get_rank()
+"""
+
+
+def script(tmp_path: Path, body: str, name: str = "job.py") -> Path:
+    path = tmp_path / name
+    path.write_text(INIT + textwrap.dedent(body))
+    return path
+
+
+def assert_nothing_left(launcher_pid: int | None = None) -> None:
+    """No torchrun and no rank of this process's launches (or of `launcher_pid`'s) still runs.
+    Waits for the event, with a deadline far beyond what stopping takes."""
+    from fourcard_helpers.launch import leftover_processes
+    from fourcard_helpers.lifecycle import wait_until
+
+    try:
+        wait_until(lambda: not leftover_processes(launcher_pid), 60)
+    except TimeoutError:
+        pass  # the assert below names what is left
+    assert leftover_processes(launcher_pid) == []
+
+
+KERNEL = """
+import signal
+import sys
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as ipykernel does while a cell runs: a
+# process started with SIGINT ignored (a background job of a shell) would otherwise ignore the stop button
+from fourcard_helpers.launch import torchrun
+try:
+    torchrun(sys.argv[1], nproc=4, timeout=300)
+except KeyboardInterrupt:
+    print("KeyboardInterrupt reached the caller", flush=True)
+    sys.exit(3)
+"""
+
+
+def start_kernel_like_launch(tmp_path: Path, kernel_code: str = KERNEL) -> subprocess.Popen[str]:
+    """A Python process standing in for the notebook kernel (running `kernel_code`), launching 4
+    ranks that sleep; returns once all four have said they are ready."""
+    path = script(tmp_path, """
+        print("ready", flush=True)
+        time.sleep(600)
+    """)
+    kernel = subprocess.Popen([sys.executable, "-c", kernel_code, str(path)], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    assert kernel.stdout is not None
+    ready = 0
+    for line in kernel.stdout:
+        ready += line.endswith("] ready\n")
+        if ready == 4:
+            return kernel
+    pytest.fail("the ranks never started")
+
+
+# -- a lesson's saved scripts, launched as a learner would, with plain torchrun ----------------------
+def shipped_launches() -> list[tuple[str, int, int, float, bool]]:
+    """(script path relative to notebooks/, ranks per node, nodes, timeout, expected to fail) of every
+    saved launch."""
+    from fourcard_helpers.magic import placeholder_line
+
+    found = []
+    for path in NOTEBOOKS:
+        for cell in cells(path):
+            text = source(cell)
+            if cell["cell_type"] != "code" or not text.startswith("%%torchrun"):
+                continue
+            line = text.partition("\n")[0]
+            saved = re.search(r"--save\s+(\S+)", line)
+            if not saved:
+                continue
+            nproc = re.search(r"(?:-n|--nproc)\s+(\d+)", line)
+            nnodes = re.search(r"--nnodes\s+(\d+)", line)
+            timeout = re.search(r"--timeout\s+([\d.]+)", line)
+            fails = ("raises-exception" in cell["metadata"].get("tags", [])
+                     or placeholder_line(text.partition("\n")[2]) is not None)
+            found.append((saved.group(1), int(nproc.group(1)) if nproc else 4, int(nnodes.group(1)) if nnodes else 1,
+                          float(timeout.group(1)) if timeout else 300.0, fails))
+    return found
+
+
+def plain_torchrun(nproc: int, nnodes: int) -> list[list[str]]:
+    """The command line of each torchrun agent: one `--standalone` agent, or (a cell's `--nnodes N`)
+    N agents joined at one c10d rendezvous endpoint on 127.0.0.1, as on N machines of a cluster."""
+    if nnodes == 1:
+        return [["--standalone", f"--nproc-per-node={nproc}"]]
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return [[f"--nnodes={nnodes}", f"--nproc-per-node={nproc}", "--rdzv-backend=c10d",
+             f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=plain"] for _ in range(nnodes)]
+
+
+def run_with_plain_torchrun(script: str, nproc: int, nnodes: int, timeout: float,
+                            extra_env: dict[str, str] | None = None) -> tuple[list[int | None], str]:
+    """Launch `script` once as a learner would, with bare torchrun agents; return each agent's exit
+    code (None: it ran past `timeout` + 60 s and was killed) and the launch's output. Nothing of
+    the launch outlives the call. benchmarks/script_stress.py runs the same launch many times."""
+    env = {**os.environ, "FOURCARD_DEVICE": "cpu", "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
+           "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+    env.pop("FOURCARD_RUN_DIR", None)
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", *agent, script],
+        cwd=NOTEBOOK_DIR, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        start_new_session=True,
+    ) for agent in plain_torchrun(nproc, nnodes)]
+    outputs, codes = [], []
+    deadline = time.monotonic() + timeout + 60  # the script's own timeout, with a margin, for the launch as a whole
+    try:
+        for proc in procs:
+            try:
+                outputs.append(proc.communicate(timeout=max(deadline - time.monotonic(), 1))[0].decode("utf-8", "replace"))
+                codes.append(proc.returncode)
+            except subprocess.TimeoutExpired:
+                codes.append(None)
+    finally:
+        for proc in procs:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # nothing of the run may outlive the launch
+            except ProcessLookupError:
+                pass
+    return codes, "".join(outputs)
+
+
+# -- an ordinary user ---------------------------------------------------------------------------------
+AS_NOBODY = ["runuser", "-u", "nobody", "--"]  # runuser drops root's rights as a login would
+
+
+def python_for_nobody(env: dict[str, str]) -> str:
+    """An interpreter `nobody` may run that imports this environment's packages; sets PYTHONPATH if needed."""
+    if subprocess.run([*AS_NOBODY, sys.executable, "-c", "pass"], capture_output=True).returncode == 0:
+        return sys.executable
+    system = shutil.which(f"python{sys.version_info.major}.{sys.version_info.minor}", path="/usr/bin:/usr/local/bin")
+    if system is None:
+        pytest.skip(f"this Python is out of the ordinary user's reach and no system Python "
+                    f"{sys.version_info.major}.{sys.version_info.minor} exists")
+    env["PYTHONPATH"] = os.pathsep.join([*site.getsitepackages(), str(ROOT)])
+    return system
