@@ -33,10 +33,13 @@ os.environ["FOURCARDS_LANG"] = ENGLISH
 def pytest_runtest_setup(item: pytest.Item):
     """nbval starts a notebook's kernel in its first cell's setup: for a Chinese notebook, without
     the setting, which is back as soon as the kernel has started (the lessons that run beside it
-    under another rounding start their own pytest with it)."""
+    under another rounding start their own pytest with it). Every other test keeps the setting as
+    it finds it: a test or a fixture that changes it does so with monkeypatch, which puts it back."""
     chinese = type(item).__name__ == "IPyNbCell" and Path(item.path).parent.name == "zh"
-    if chinese:
-        os.environ.pop("FOURCARDS_LANG", None)
+    if not chinese:
+        yield
+        return
+    os.environ.pop("FOURCARDS_LANG", None)
     try:
         yield
     finally:

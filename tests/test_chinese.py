@@ -573,8 +573,8 @@ def test_each_chinese_lesson_chooses_chinese_where_the_learner_sees_it() -> None
 @pytest.fixture
 def english_machine(monkeypatch: pytest.MonkeyPatch):
     """Call it to be on a machine whose locale is English, with no setting; it gives the package's
-    language module, and the notebook's choice is undone after the test. Called by the test, not
-    done by the fixture: conftest.py puts the setting back after a test's setup."""
+    language module, and the notebook's choice is undone after the test. Called by the test, so that
+    the machine is English from that moment, whatever the fixtures before it set."""
     from fourcard_helpers import language
 
     def start():
