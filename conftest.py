@@ -1,10 +1,6 @@
 """The fast tier: `pytest -m "not slow"` leaves out every notebook run (nbval's cells), as well as the
 tests marked slow, so that a contributor gets an answer in about a minute; CI runs everything.
 
-Tests marked `background` collect a run that starts as soon as collection ends and goes on beside the
-rest of the suite (the lessons under another rounding, tests/test_other_rounding.py): they are ordered
-last, so that waiting for those runs costs the suite as little time as possible.
-
 A lesson that needs SLURM (its notebook's metadata says `"fourcards": {"needs": "slurm"}`) is left out where
 SLURM is not installed, with the sentence that installs it; in CI (CI=true) it runs anyway and fails there,
 since a skip would hide a missing install step."""
@@ -52,26 +48,4 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
             if reason := cannot_run_here(item.path):
                 item.add_marker(pytest.mark.skip(reason=reason))
-    waiting = [item for item in items if item.get_closest_marker("background")]
-    items[:] = [item for item in items if not item.get_closest_marker("background")] + waiting
-
-
-def _background_modules(session: pytest.Session) -> dict[object, list[pytest.Item]]:
-    modules: dict[object, list[pytest.Item]] = {}
-    for item in session.items:
-        if item.get_closest_marker("background"):
-            modules.setdefault(item.module, []).append(item)
-    return modules
-
-
-def pytest_collection_finish(session: pytest.Session) -> None:
-    if session.config.option.collectonly:
-        return
-    for module, items in _background_modules(session).items():
-        module.start_in_background([item.callspec.params["notebook"] for item in items])
-
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    for module in _background_modules(session):
-        module.stop_background()
 

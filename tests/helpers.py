@@ -39,6 +39,9 @@ NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]*_*.ipynb"))
 # and the exercises' verdicts). All seventeen would add about 15 minutes to CI, which keeps within 75.
 CHINESE_NBVAL = ("00_cards_and_launching", "02_data_parallelism_by_hand")
 
+# Another machine's rounding, under which every lesson runs a second time (tests/lessons/test_other_rounding.py)
+ANOTHER_ROUNDING = {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41", "OMP_NUM_THREADS": "1"}
+
 
 # -- the lessons ----------------------------------------------------------------------------------
 def cells(path: Path) -> list[dict]:
