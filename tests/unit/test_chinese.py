@@ -10,7 +10,6 @@ import ast
 import json
 import re
 import shutil
-import subprocess
 import sys
 import tomllib
 from collections import Counter
@@ -20,7 +19,7 @@ from pathlib import Path
 import polib
 import pytest
 
-from helpers import CHINESE_NBVAL, ROOT  # noqa: E402
+from helpers import ROOT  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "docs"))
 
@@ -84,19 +83,6 @@ def test_the_chinese_notebooks_run_from_their_folder() -> None:
     assert len(shipped) > 20, shipped  # the scripts the lessons save and the records they read
     assert all((translate.CHINESE_NOTEBOOKS / name).exists() for name in shipped), sorted(
         name for name in shipped if not (translate.CHINESE_NOTEBOOKS / name).exists())
-
-
-@pytest.mark.slow  # a second pytest collects every notebook: 14 s
-def test_nbval_runs_the_chosen_chinese_notebooks_again_and_no_other() -> None:
-    """Their code is the English with its text translated (checked above, and in
-    tests/test_chinese_notebooks.py): nbval runs only the lessons conftest.py names, for CI's time."""
-    collected = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "notebooks"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert collected.returncode == 0, collected.stdout + collected.stderr
-    assert "00_cards_and_launching.ipynb::" in collected.stdout
-    chinese = {line.split("::")[0] for line in collected.stdout.splitlines() if line.startswith("notebooks/zh/")}
-    assert chinese == {f"notebooks/zh/{name}.ipynb" for name in CHINESE_NBVAL}
 
 
 # -- the translation keeps what must not change ------------------------------------------------
@@ -341,22 +327,6 @@ def test_the_language_follows_the_setting_then_the_locale(setting: dict[str, str
     [warning] = examine({0: record, 1: record}, 2)
     assert warning.startswith("一个打乱顺序的 DistributedSampler 被遍历了 2 次" if chinese else
                               "a shuffling DistributedSampler was iterated 2 times, every time with epoch 0")
-
-
-@pytest.mark.slow
-def test_a_real_failed_launch_explains_itself_in_chinese(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Through torchrun and the kernel-side launcher, as a learner with FOURCARDS_LANG=zh meets it."""
-    from fourcard_helpers.diagnose import LaunchError
-    from fourcard_helpers.launch import leftover_processes, torchrun
-
-    monkeypatch.setenv("FOURCARDS_LANG", "zh")
-    script = "import torch.distributed as dist\nprint(dist.get_rank())\n"
-    with pytest.raises(LaunchError) as failed:
-        torchrun(script, nproc=2, timeout=120, echo=False)
-    text = str(failed.value)
-    assert "（共 2 个）抛出了 ValueError" in text or "（共 2 个）抛出了 RuntimeError" in text, text
-    assert "这个 rank 在加入进程组之前就用了 torch.distributed" in text and "其余 rank 已被停止" in text
-    assert leftover_processes() == []
 
 
 def test_an_exercise_check_speaks_chinese_when_asked(monkeypatch: pytest.MonkeyPatch,
