@@ -83,6 +83,18 @@ def cannot_run_here(notebook: Path) -> str | None:
     return f"{Path(notebook).name} needs SLURM: {INSTALL_HINT}" if missing_programs() else None
 
 
+# -- the kernel's side -------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def shell() -> "InteractiveShell":
+    """IPython's shell with the course's magics loaded (%%torchrun, %%solution): a fixture, which a test
+    module imports by this name."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "fourcard_helpers")
+    return ip
+
+
 # -- a script of ranks, launched by the course's launcher -------------------------------------------
 INIT = """
 import os, sys, time
