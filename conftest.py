@@ -1,5 +1,7 @@
-"""The fast tier: `pytest -m "not slow"` leaves out every notebook run (nbval's cells), as well as the
-tests marked slow, so that a contributor gets an answer in about a minute; CI runs everything.
+"""The whole suite's settings: the tests are in three tiers (pyproject.toml's testpaths), and nbval runs
+every notebook. `pytest tests/unit` runs the tier that starts no process, the one to run after every
+change; `pytest -m "not slow"` leaves out every notebook run (nbval's cells, marked slow here), as well
+as the tests marked slow, in every tier; CI runs everything.
 
 A lesson that needs SLURM (its notebook's metadata says `"fourcards": {"needs": "slurm"}`) is left out where
 SLURM is not installed, with the sentence that installs it; in CI (CI=true) it runs anyway and fails there,

@@ -3,7 +3,7 @@
 The lessons promise that each file in `notebooks/scripts/` runs unchanged with plain `torchrun`.
 A launch that fails one time in twenty breaks that promise as surely as one that always fails,
 and only repetition shows it. This runs every saved launch N times (the same command line as
-tests/test_scripts.py, which CI runs in a short form) and prints, per script, the failures and
+tests/lessons/test_scripts.py, which CI runs in a short form) and prints, per script, the failures and
 what they looked like:
 
 * `exit abort`: a rank printed its last line, then died by SIGABRT while the process ended

@@ -52,7 +52,7 @@ def test_the_chinese_notebook_is_what_the_catalog_builds(lesson: Path) -> None:
 @pytest.mark.parametrize("lesson", LESSONS, ids=lesson_ids(LESSONS))
 def test_the_code_is_the_english_with_its_figures_text_in_chinese(lesson: Path) -> None:
     """Code cells as translate.chinese_lesson makes them; their outputs are the Chinese notebook's own
-    run's (tests/test_chinese_notebooks.py)."""
+    run's (tests/lessons/test_chinese_notebooks.py)."""
     english = json.loads(lesson.read_text(encoding="utf-8"))
     chinese = json.loads((translate.CHINESE_NOTEBOOKS / lesson.name).read_text(encoding="utf-8"))
     assert len(chinese["cells"]) == len(english["cells"])
