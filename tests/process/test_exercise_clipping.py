@@ -1,6 +1,7 @@
 """Lesson 10's build exercise, clipping sharded gradients: the reference passes, the skeleton is "not attempted"
 without a launch, and each mistake a learner makes is named from what the ranks saw. One launch of four ranks
-grades the reference and every mistake (real torchrun, gloo)."""
+grades the reference and every mistake (real torchrun, gloo). The skeleton's check and the cuts, which need no
+launch, are in tests/unit/test_exercise_clipping_in_process.py."""
 from __future__ import annotations
 
 import inspect
@@ -8,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from fourcard_helpers import exercises
 from fourcard_helpers.check import CheckFailed
 from fourcard_helpers.exercises import sharded_clip
 from fourcard_helpers.solutions import clipping
@@ -68,22 +68,6 @@ MISTAKES = {  # name: (the learner's file, what the check must say)
 
 def test_the_mistakes_are_changes_of_the_reference() -> None:
     assert GATHERED != SOLUTION and len({text for text, _ in MISTAKES.values()}) == len(MISTAKES)
-
-
-def test_the_cuts_are_uneven_with_empty_pieces() -> None:
-    for world in (2, 4):
-        pieces = [b - a for a, b in zip(sharded_clip.cuts(3, world), sharded_clip.cuts(3, world)[1:])]
-        assert sum(pieces) == 3 and 0 in pieces
-        sizes = {b - a for a, b in zip(sharded_clip.cuts(144, world), sharded_clip.cuts(144, world)[1:])}
-        assert len(sizes) == world
-
-
-def test_the_skeleton_is_not_attempted_without_a_launch(tmp_path: Path) -> None:
-    skeleton = tmp_path / "my_clip.py"
-    skeleton.write_text("import torch\n\n\ndef clip_sharded_grad_norm_(shards, max_norm, group=None):\n"
-                        "    # your code here\n    raise NotImplementedError\n", encoding="utf-8")
-    with pytest.raises(NotImplementedError, match="clip_sharded_grad_norm_"):
-        exercises.run("sharded-clip", skeleton)
 
 
 @pytest.mark.slow

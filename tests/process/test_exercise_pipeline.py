@@ -31,11 +31,6 @@ def write(tmp_path: Path, text: str) -> Path:
     return path
 
 
-def test_cases_have_more_and_fewer_micro_batches_than_stages():
-    for stages in (2, 3, 4):
-        assert max(pipeline.cases(stages)) > stages and min(pipeline.cases(stages)) < stages
-
-
 def test_skeleton_is_not_attempted_without_a_launch(tmp_path):
     with pytest.raises(NotImplementedError):
         pipeline.check(write(tmp_path, SKELETON), nproc=2)

@@ -105,12 +105,6 @@ def test_the_mistakes_change_the_reference():
         assert text != SOLUTION
 
 
-def test_lengths_include_uneven_and_shorter_than_the_ring():
-    for world in (2, 3, 4):
-        assert 1 in ring.lengths(world) and any(n % world for n in ring.lengths(world) if n > 1)
-        assert any(n % world == 0 for n in ring.lengths(world))
-
-
 def test_skeleton_is_not_attempted_without_a_launch(tmp_path):
     with pytest.raises(NotImplementedError):
         ring.check(write(tmp_path, SKELETON), nproc=2)
