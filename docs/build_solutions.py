@@ -2,7 +2,7 @@
 
 The notebooks are the source: each exercise is a learner cell (a stub), a check cell and a
 hidden `%%solution` cell. Instructors want them in one place; this gathers them, in course
-order, so that the page can never drift from the notebooks (tests/test_docs.py compares the
+order, so that the page can never drift from the notebooks (tests/unit/test_docs.py compares the
 committed page with a fresh build).
 
     python docs/build_solutions.py        # rewrite docs/solutions.md

@@ -9,15 +9,15 @@ from one catalog per text (the `.po` format translators' tools read: Poedit, Web
   `%fourcards_lang zh` under its first code cell's `%load_ext fourcard_helpers` (the package's
   messages in Chinese); its other code cells are the English ones, with the text its figures and
   widgets show in Chinese (code_messages: entries of the same catalog). Its stored outputs are
-  its own: `run` executes it and keeps them while its code stays the same (tests/test_chinese.py
-  and tests/test_chinese_notebooks.py check all of it; nbval runs two Chinese lessons again).
+  its own: `run` executes it and keeps them while its code stays the same (tests/unit/test_chinese.py
+  and tests/lessons/test_chinese_notebooks.py check all of it; nbval runs two Chinese lessons again).
 * `README.md` and `docs/instructor_guide.md` have `docs/zh/README.po` and
   `docs/zh/instructor_guide.po`, one entry per paragraph (code blocks are copied, not translated):
   `README.zh.md` and `docs/instructor_guide.zh.md` are built from them, with the same commands.
 
 When an English cell or paragraph changes, `update` keeps its old translation and marks it
 fuzzy (gettext's word for stale), with the old English beside it (#| msgid), so a translator
-sees what changed; until someone translates it again, tests/test_chinese.py fails naming the
+sees what changed; until someone translates it again, tests/unit/test_chinese.py fails naming the
 lesson and cell. A fuzzy or untranslated entry is built in English. An entry no longer used is
 kept as obsolete (#~), as msgmerge keeps it, and comes back if its English does.
 
@@ -215,7 +215,7 @@ def lesson_messages(lesson: Path) -> list[Message]:
 # and its Chinese, written as a literal too, as msgstr; a msgstr equal to the msgid keeps it as it
 # is (a name of the code's own, a format). The Chinese lesson's code cell is the English one with
 # each such literal replaced, wherever it occurs in that cell, and nothing else changed
-# (tests/test_chinese_notebooks.py checks it). A literal is figure text where it stands:
+# (tests/lessons/test_chinese_notebooks.py checks it). A literal is figure text where it stands:
 TEXT_METHODS = {"set_title", "set_xlabel", "set_ylabel", "suptitle", "text", "annotate", "set_text"}  # any argument
 LABEL_METHODS = {"set_xticks", "set_yticks", "legend"}  # the arguments after the first: the labels
 TEXT_KEYWORDS = {"title", "xlabel", "ylabel", "label", "labels", "description", "text"}  # in any call
@@ -932,7 +932,7 @@ def code_digest(notebook: dict) -> str:
 def built_lesson(lesson: Path) -> str:
     """The Chinese notebook for `lesson` (chinese_lesson), with the outputs of its own last run
     (`run`) where that run was of the same code, and the English outputs where it was not yet
-    run, which tests/test_chinese_notebooks.py reports as a notebook to run."""
+    run, which tests/lessons/test_chinese_notebooks.py reports as a notebook to run."""
     notebook = chinese_lesson(lesson)
     path = CHINESE_NOTEBOOKS / lesson.name
     ran = read_notebook(path) if path.exists() else None

@@ -4,7 +4,7 @@ It reads only structured records (see rundir.py): the ranks' own error and crash
 the exit code or signal of each failed rank as torchrun's agent recorded it. torchrun's printed
 summary is shown to the learner only when nothing else is known (torchrun itself failed), never
 parsed. Being a pure function of a folder and two strings, every failure kind is tested in
-milliseconds from a fixture folder (tests/test_diagnose.py).
+milliseconds from a fixture folder (tests/unit/test_diagnose.py).
 
 The first failing rank is the one to blame: when one rank dies, the others fail soon after
 ("connection closed by peer", ...), and their errors only follow from the first.
@@ -58,7 +58,7 @@ CARDS_FIX = N_(
 )
 
 # (pattern in the failing rank's "Type: message", only on simulated cards?, hint). Each pattern
-# is the text PyTorch really prints for the cause (see tests/test_diagnose.py).
+# is the text PyTorch really prints for the cause (see tests/unit/test_diagnose.py).
 HINTS: tuple[tuple[str, bool, str], ...] = (
     (r"doesn't have NCCL built in|NCCL|Duplicate GPU detected", True,
      N_("The script asks for NCCL, the GPU backend, but this launch runs on simulated cards (CPU "

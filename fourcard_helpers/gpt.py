@@ -5,7 +5,7 @@ norm, an output layer tied to the token embedding), with the layer names of torc
 tensor-parallel plans: attention keeps separate `wq`, `wk`, `wv` and `wo` (nanoGPT fuses the first
 three), the MLP `w1` and `w2`, so that a plan can split each layer by columns or by rows on its own.
 Lesson 13 defines the model, `get_batch` and `Checkpointed` in its own cells; its four-rank scripts import this copy
-(tests/test_lesson_copies.py keeps the two equal). `poem_tokens` is the plumbing: the shipped poems as numbers.
+(tests/lessons/test_lesson_copies.py keeps the two equal). `poem_tokens` is the plumbing: the shipped poems as numbers.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 They live in the package, not in the notebook, because DataLoader workers started with "spawn"
 (the default on macOS and Windows) must unpickle the dataset, and a class defined in a notebook
 cannot be unpickled in a fresh interpreter. The lesson defines `BatchIndexSampler` and
-`seed_worker` in its own cells too; tests/test_lesson_copies.py keeps the two copies identical.
+`seed_worker` in its own cells too; tests/lessons/test_lesson_copies.py keeps the two copies identical.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 (`expert_parallel`).
 
 The lesson defines both in its own cells, where it explains them; this is the copy its four-rank scripts import
-(tests/test_lesson_copies.py keeps the two equal). Each expert is lesson 13's MLP (d → 4d → d).
+(tests/lessons/test_lesson_copies.py keeps the two equal). Each expert is lesson 13's MLP (d → 4d → d).
 """
 from __future__ import annotations
 

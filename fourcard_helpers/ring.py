@@ -1,7 +1,7 @@
 """Ring attention's two rules, the sequence's layouts and two rings, for lesson 14's scripts.
 
 Lesson 14 defines all of them in its own cells, where it teaches them; this is the copy its four-rank scripts
-import, and tests/test_lesson_copies.py keeps the two equal.
+import, and tests/lessons/test_lesson_copies.py keeps the two equal.
 """
 from __future__ import annotations
 

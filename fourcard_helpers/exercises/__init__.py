@@ -30,10 +30,10 @@ HOW TO ADD ONE (one module in this folder; nothing to register):
    as a script. Messages to the learner go through `_()` (fourcard_helpers.language); docs/translate.py
    extracts them from this folder too, so each needs its Chinese in
    fourcard_helpers/locale/zh_CN/LC_MESSAGES/fourcard_helpers.po (`translate.py update`, under the
-   translate lock), or tests/test_chinese.py fails.
+   translate lock), or tests/unit/test_chinese.py fails.
 2. Put the reference solution in `fourcard_helpers/solutions/<family>.py` and re-export it in
    `solutions/__init__.py`.
-3. Add a test to tests/test_exercises.py: the reference passes, the skeleton is "not attempted",
+3. Add a test to tests/process/test_exercises.py: the reference passes, the skeleton is "not attempted",
    and each mistake the check names is diagnosed (a small learner file each; nproc=2 where the
    diagnosis is the same).
 4. In the lesson: prose (what to build, how it is checked), a `%%writefile my_thing.py` cell with
@@ -41,7 +41,7 @@ HOW TO ADD ONE (one module in this folder; nothing to register):
    and a hidden `%%solution` cell: the reference's imports and definitions, copied verbatim from
    solutions/, then `check.exercise("Exercise N", lambda: exercises.run("my-thing", exercises.solution_file()))`.
    `solution_file()` writes the solution cell itself (its check line left out) to a file of its own,
-   so the learner's file is never touched; tests/test_exercises.py keeps the cell equal to solutions/.
+   so the learner's file is never touched; tests/process/test_exercises.py keeps the cell equal to solutions/.
 
 What every check gets from `harness` (kernel side) and `_ranks` (rank side): the skeleton found
 without a launch; a rank's exception turned into the learner's traceback in a CheckFailed; a rank

@@ -1,7 +1,7 @@
 """The reference solutions of the build exercises (fourcard_helpers/exercises), one module per family.
 
-Each is also the text of its lesson's hidden solution cell (tests/test_exercises.py keeps them equal),
-and each is compared with PyTorch's own implementation in tests/test_solutions.py.
+Each is also the text of its lesson's hidden solution cell (tests/process/test_exercises.py keeps them equal),
+and each is compared with PyTorch's own implementation in tests/lessons/test_solutions.py.
 """
 from .attention import ring_attention
 from .clipping import clip_sharded_grad_norm_

@@ -1,9 +1,9 @@
 """Sharding by hand: ZeRO-1's optimizer and FSDP's weights (lesson 09's build exercises).
 
 Each class is the reference solution of a build exercise (fourcard_helpers/exercises), and the text
-of the lesson's hidden solution cell (tests/test_exercises.py keeps the two equal). They run in any
+of the lesson's hidden solution cell (tests/process/test_exercises.py keeps the two equal). They run in any
 process group their caller made (gloo or NCCL, any number of ranks) and are compared with PyTorch's
-ZeroRedundancyOptimizer and fully_shard in tests/test_solutions.py.
+ZeroRedundancyOptimizer and fully_shard in tests/lessons/test_solutions.py.
 """
 from __future__ import annotations
 
