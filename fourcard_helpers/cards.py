@@ -36,6 +36,14 @@ class Cards:
             return torch.device("cuda", local_rank)
         return torch.device("cpu")
 
+    def short(self) -> str:
+        """The cards in a few words, for a figure's title ("4 simulated cards", "4 × NVIDIA H100"): describe()'s line
+        without the backend and the reason, which a title has no room for."""
+        if self.kind == "cuda":
+            names = sorted(set(self.names))
+            return _("{count} × {label}").format(count=self.count, label=names[0] if len(names) == 1 else " / ".join(names))
+        return (_("{count} simulated card") if self.count == 1 else _("{count} simulated cards")).format(count=self.count)
+
     def describe(self) -> str:
         """One line a lesson prints so the learner knows what the cells below ran on."""
         if self.kind == "cuda":

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from fourcard_helpers.cards import CardsError, detect
-from fourcard_helpers.rundir import DEVICE_ENV, RENAMED
+from fourcard_helpers.rundir import DEVICE_ENV, LANG_ENV, RENAMED
 
 
 @pytest.fixture
@@ -85,3 +85,16 @@ def test_the_old_name_still_works_and_says_the_new_one(two_gpus: None, monkeypat
                                        "FOURCARDS_DEVICE: set FOURCARDS_DEVICE instead.\n")
     monkeypatch.setenv(DEVICE_ENV, "auto")  # the new name wins, silently
     assert detect(2).kind == "cuda" and capsys.readouterr().err == ""
+
+
+def test_a_titles_few_words_open_the_cards_line_in_either_language(monkeypatch: pytest.MonkeyPatch) -> None:
+    """short() is what describe() says before its parenthesis, in English and in Chinese, whose parenthesis is
+    full-width (a title that split describe() on " (" kept all of the Chinese line)."""
+    from fourcard_helpers.cards import Cards
+
+    simulated, gpus = Cards("cpu", 4, "gloo", reason="no GPU"), Cards("cuda", 4, "nccl", names=("NVIDIA H100",) * 4)
+    for language, simulated_words in (("en", "4 simulated cards"), ("zh", "4 张模拟卡")):
+        monkeypatch.setenv(LANG_ENV, language)
+        opening = simulated_words + ("（" if language == "zh" else " (")
+        assert simulated.short() == simulated_words and simulated.describe().startswith(opening)
+        assert gpus.short() == "4 × NVIDIA H100" and gpus.describe().startswith("4 × NVIDIA H100 (")
