@@ -8,7 +8,8 @@ from one catalog per text (the `.po` format translators' tools read: Poedit, Web
   `notebooks/zh/NN_x.ipynb` is the English notebook with those cells in Chinese, and with the line
   `%fourcards_lang zh` under its first code cell's `%load_ext fourcard_helpers` (the package's
   messages in Chinese); its other code cells are the English ones, with the text its figures and
-  widgets show in Chinese (code_messages: entries of the same catalog). Its stored outputs are
+  widgets show, and what its exercises' checks say is off, in Chinese (code_messages: entries of the
+  same catalog). Its stored outputs are
   its own: `run` executes it and keeps them while its code stays the same (tests/unit/test_chinese.py
   and tests/lessons/test_chinese_notebooks.py check all of it; nbval runs two Chinese lessons again).
 * `README.md` and `docs/instructor_guide.md` have `docs/zh/README.po` and
@@ -220,6 +221,9 @@ TEXT_METHODS = {"set_title", "set_xlabel", "set_ylabel", "suptitle", "text", "an
 LABEL_METHODS = {"set_xticks", "set_yticks", "legend"}  # the arguments after the first: the labels
 TEXT_KEYWORDS = {"title", "xlabel", "ylabel", "label", "labels", "description", "text"}  # in any call
 VERDICTS = ("✓", "✗", "○")  # a line printed with one of these marks (as check.py's verdicts are) is text too
+# An exercise's check names what it compares (`check.equal(got, want, "ranks that reported")`, what=) and
+# says what is off (`raise check.CheckFailed("...")`): the verdict ✗ the learner reads starts with it.
+CHECK_DESCRIPTIONS = {"close": 2, "equal": 2, "CheckFailed": 0}  # check.py's function → the description's position
 PLOTS_DATA = {"timeline", "card_values"}  # plots' helpers: the lanes, kinds and panels of their first argument
 CODE = " code"  # msgctxt of a figure's literal: the cell's id, then this
 
@@ -285,14 +289,27 @@ def _shown_arguments(node: ast.Call, own: dict[str, list[str]]) -> list[ast.expr
     return texts
 
 
+def check_descriptions(node: ast.Call) -> list[ast.expr]:
+    """What a call of check.py's (`check.close`, `check.equal`, `check.CheckFailed`) is given to say in
+    its verdict (CHECK_DESCRIPTIONS); nothing for any other call."""
+    if not (isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == "check" and node.func.attr in CHECK_DESCRIPTIONS):
+        return []
+    at = CHECK_DESCRIPTIONS[node.func.attr]
+    return node.args[at:at + 1] + [keyword.value for keyword in node.keywords if keyword.arg == "what"]
+
+
 def figure_literals(tree: ast.Module, own: dict[str, list[str]], verdicts: bool = True) -> list[ast.expr]:
     """The literals of a cell that a figure or widget shows (the rules above), in the cell's order;
     and those of a loop over written tuples (`for curve, label in [(..., "1 card"), ...]`) at the
-    places whose name the loop only shows (`label=label`, and no `results[label]`)."""
+    places whose name the loop only shows (`label=label`, and no `results[label]`); with the
+    verdicts, the descriptions an exercise's check gives (check_descriptions)."""
     found, shown = [], []
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
+        if verdicts:
+            found += [literal for text in check_descriptions(node) for literal in _literals_in(text)]
         texts = _shown_arguments(node, own)
         shown += [text for text in texts if isinstance(text, ast.Name)]
         if verdicts and _call_name(node) == "print" and any(_constant_text(literal).startswith(VERDICTS)
@@ -357,7 +374,7 @@ def _constant_text(literal: ast.expr) -> str:
 # path, a torch option, a job's name). An f-string found so is translated in its own cell, where it
 # is text, as a figure's literal is.
 DATA = "data" + CODE  # msgctxt of a value translated in every code cell of the lesson
-# Lessons whose labels from data, printed verdicts and widgets' parameter names are not translated yet:
+# Lessons whose labels from data, printed verdicts, checks' descriptions and widgets' parameter names are not translated yet:
 # they stay English until their catalogs translate the entries that taking a name out of this set lists.
 NOT_YET_TRACED = {"13_gpt_on_four_cards", "14_long_sequences_and_experts"}
 DISPLAY_CALLS = TEXT_METHODS | LABEL_METHODS | PLOTS_DATA | {

@@ -504,6 +504,44 @@ def test_every_exercise_title_has_its_chinese_and_a_verdict_uses_it(monkeypatch:
     assert capsys.readouterr().out.startswith("○ 练习 1：全归约后的总和——还没有作答。")
 
 
+def check_descriptions(source: str) -> list[str]:
+    """The literals a code cell gives check.close / check.equal / check.CheckFailed to say, as written."""
+    tree = translate._parsed(source)
+    return [source[slice(*translate._segment(source, literal))] for node in (ast.walk(tree) if tree else ())
+            if isinstance(node, ast.Call) for text in translate.check_descriptions(node)
+            for literal in translate._literals_in(text)]
+
+
+def test_a_checks_description_is_found_and_translated_where_it_is_said() -> None:
+    source = ('check.equal(got, want, f"rank {rank}\'s sum")\ncheck.close(a, b, what="the loss", atol=0)\n'
+              'raise check.CheckFailed("run section 2 first")\nprint(f"rank {rank}\'s sum", "the loss" == name)\n')
+    assert check_descriptions(source) == ['f"rank {rank}\'s sum"', '"the loss"', '"run section 2 first"']
+    chinese = translate.translated_code(source, {'f"rank {rank}\'s sum"': 'f"rank {rank} 的和"', '"the loss"': '"损失"'})
+    assert check_descriptions(chinese) == ['f"rank {rank} 的和"', '"损失"', '"run section 2 first"']
+    assert chinese.endswith('print(f"rank {rank} 的和", "the loss" == name)\n')  # the comparison keeps its word
+
+
+TRACED = [lesson for lesson in LESSONS if lesson.stem not in translate.NOT_YET_TRACED]
+
+
+@pytest.mark.parametrize("lesson", TRACED, ids=lesson_ids(TRACED))
+def test_what_an_exercises_check_says_is_off_is_chinese(lesson: Path) -> None:
+    """A ✗ verdict starts with what the check compared (`check.equal(got, want, "ranks that reported")`)
+    or what it found off (`check.CheckFailed("...")`): in the built Chinese lesson each is Chinese, or
+    kept as it is where the catalog says so (a name of the code's own: `f"steps_per_epoch({n}, {b})"`)."""
+    kept = {key for key, text in translate.translated(polib.pofile(str(translate.lesson_catalog(lesson)))).items()
+            if key[1] == text}
+    notebook = json.loads((translate.CHINESE_NOTEBOOKS / lesson.name).read_text(encoding="utf-8"))
+    said, wrong = 0, []
+    for cell in notebook["cells"]:
+        for text in check_descriptions("".join(cell["source"])) if cell["cell_type"] == "code" else ():
+            said += 1
+            if not re.search(f"[{HAN}]", text) and (cell["id"] + translate.CODE, text) not in kept:
+                wrong.append(f"cell {cell['id']}: {text[:80]}")
+    assert said, f"{lesson.name}: no check found to say what is off"  # every lesson's exercises have one
+    assert not wrong, f"{lesson.name}: a check's description left English (translate it in its catalog):\n" + "\n".join(wrong)
+
+
 # -- the Chinese notebook speaks Chinese by itself ----------------------------------------------
 def test_a_message_put_together_from_pieces_keeps_chinese_punctuation(english_machine) -> None:
     """The catalog's own entries are checked above (full-width punctuation); a message the package puts
