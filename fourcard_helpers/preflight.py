@@ -234,7 +234,7 @@ def check_launch(found: Findings, cards) -> None:
     report = result.reports[0]
     busbw = bus_bandwidth(report["nbytes"], report["seconds"], NPROC)
     found.ok(_("all-reduce of {mb} MB on {cards}: {ms} ms, bus bandwidth {busbw} GB/s").format(
-        mb=ALL_REDUCE_MB, cards=cards.describe().split(" — ")[0], ms=f"{report['seconds'] * 1e3:.2f}",
+        mb=ALL_REDUCE_MB, cards=re.split(" — |——", cards.describe())[0], ms=f"{report['seconds'] * 1e3:.2f}",
         busbw=f"{busbw:.2f}"))
     for machine in PUBLISHED.values():
         found.say(" ", "    " + _("published, {machine}: {published} GB/s ({ratio}× of it here)").format(

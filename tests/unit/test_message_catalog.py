@@ -14,6 +14,7 @@ import ast
 import re
 from pathlib import Path
 
+import polib
 import pytest
 
 from helpers import ROOT
@@ -134,3 +135,57 @@ def test_the_scan_finds_a_message_outside_the_catalog(source: str) -> None:
 ])
 def test_the_scan_passes_messages_in_the_catalog_and_what_is_not_prose(source: str) -> None:
     assert unwrapped_messages(source, "example.py") == [], source
+
+
+# -- Chinese punctuation in the package's Chinese messages ---------------------------------------
+# A Chinese sentence takes full-width punctuation, with no space around it: 「崩溃（SIGSEGV）。」,
+# 「原因：……」, and the dash 「——」. Code a message quotes (`...`), placeholders ({gap:.3g}) and paths
+# keep their ASCII; what is judged is the punctuation that touches Chinese.
+CATALOG = PACKAGE / "locale" / "zh_CN" / "LC_MESSAGES" / "fourcard_helpers.po"
+HAN = "\u4e00-\u9fff"
+CHINESE = f"{HAN}\u3000-\u303f\uff01-\uff60"  # Han characters and full-width punctuation
+HALF_WIDTH = (
+    f"[{CHINESE}] *[,;:!?]",  # 崩溃, 原因 / 原因: ...
+    f"[,;:!?] *[{HAN}]",  # rank 0: 崩溃
+    f"[{CHINESE}] *\\([^()]*\\)",  # 崩溃 (SIGSEGV)
+    f"\\([^()]*[{HAN}][^()]*\\)",  # (第 05 课)
+    "(?<!—)—(?!—)",  # a single dash, English's «cards — reason»
+    f"[{CHINESE}] +- | - +[{CHINESE}]",  # a spaced hyphen standing in for the dash
+)
+
+
+def half_width_in_chinese(text: str) -> list[str]:
+    """The half-width punctuation of `text` that stands in a Chinese sentence, outside code and placeholders."""
+    text = re.sub(r"`[^`]*`|\{[^{}]*\}", "_", text)
+    return [found.group(0) for pattern in HALF_WIDTH for found in re.finditer(pattern, text)]
+
+
+def test_the_chinese_messages_use_chinese_punctuation() -> None:
+    catalog = polib.pofile(str(CATALOG))
+    wrong = [f"{entry.msgid[:60]!r}: {found!r}" for entry in catalog if entry.msgstr and not entry.obsolete
+             for found in half_width_in_chinese(entry.msgstr)]
+    assert not wrong, "write these with Chinese punctuation (，：；（）——):\n" + "\n".join(wrong)
+
+
+@pytest.mark.parametrize("text", [
+    "rank 1（共 4 个）在原生代码中崩溃 (SIGSEGV)。",
+    "4 张模拟卡（CPU 进程，gloo） — 没有找到 GPU",
+    "梯度不一致, 请检查钩子",
+    "可能的原因: 缺少 set_epoch",
+    "修正：用 DDP 包装模型 (第 05 课)。",
+    "rank 0: 崩溃了",
+])
+def test_half_width_punctuation_in_a_chinese_sentence_is_found(text: str) -> None:
+    assert half_width_in_chinese(text), text
+
+
+@pytest.mark.parametrize("text", [
+    "4 张模拟卡（CPU 进程，gloo）——没有找到 GPU",
+    "修正：在 init_process_group(cards.backend) 之后写 model = DDP(model)（第 05 课）。",
+    "请先用 `python -m fourcard_helpers.slurm down --dir ...` 停掉其中一个。",
+    "finish() 之后梯度与单卡相差 {gap:.3g}：请检查 `if rank == 0: save()`。",
+    "split 只能是 'train' 或 'test'，不能是 {split}",
+    "{count} × {label} ({backend})",
+])
+def test_code_placeholders_and_chinese_punctuation_pass(text: str) -> None:
+    assert half_width_in_chinese(text) == [], text
