@@ -366,13 +366,16 @@ def _constant_text(literal: ast.expr) -> str:
 # earlier. The literals such a name's value comes from are found by following the name back to where
 # it is bound, in its cell or else in the latest earlier cell that binds it (shown_values). A plain
 # literal found so is translated as a value, the same in every code cell of the lesson (msgctxt
-# DATA): where it is also a dictionary's key and looked up, the key and the lookup change together,
-# so the program does the same thing with another word. It is left English where the word may leave
-# the notebook or come into it from outside: where it is written in a file the lesson reads or runs (a
-# saved script, a measured record, the package) or in a %%torchrun cell, where the lesson compares it
-# (`"resumed" in line`), or where it hands it to a call that is not a figure's or a container's (a
-# path, a torch option, a job's name). An f-string found so is translated in its own cell, where it
-# is text, as a figure's literal is.
+# DATA): where it is also a dictionary's key and looked up, or compared (`kind == "waiting"`), the key,
+# the lookup and the comparison change together, so the program does the same thing with another word.
+# It is left English where the word may leave the notebook or come into it from outside: where it is
+# written in a file the lesson reads or runs (a saved script, a measured record, the package) or in a
+# %%torchrun cell, where the lesson looks for it inside other text (`"resumed" in line`,
+# `.startswith("wait")`), or where it hands it to a call that is not a figure's or a container's (a
+# path, a torch option, a job's name). Such a word is shown in Chinese where the lesson keeps the label
+# apart from the key: a dictionary's value (`{"weights": "weights"}[kind]`, key → what the figure says)
+# is translated in its own cell, where it is text, its keys kept; so is an f-string found so, as a
+# figure's literal is.
 DATA = "data" + CODE  # msgctxt of a value translated in every code cell of the lesson
 # Lessons whose labels from data, printed verdicts, checks' descriptions and widgets' parameter names are not translated yet:
 # they stay English until their catalogs translate the entries that taking a name out of this set lists.
@@ -439,6 +442,7 @@ class _Tracer:
 
     def __init__(self, bindings: _Bindings) -> None:
         self.bindings, self.seen, self.found = bindings, set(), []
+        self.labels: set[int] = set()  # the literals found as a dictionary's values (`{key: "label"}`)
 
     def values(self, node: ast.expr, cell: int, path: tuple[int, ...] = ()) -> None:
         """The literals of `node`'s value; with a path, of the items of its value at that path."""
@@ -498,10 +502,14 @@ class _Tracer:
                     self.part(each, cell, path)
         elif isinstance(node, (ast.ListComp, ast.GeneratorExp)):
             self.part(node.elt, cell, path)
+        elif isinstance(node, ast.DictComp):  # its keys
+            self.part(node.key, cell, path)
         elif isinstance(node, ast.Name):
             for kind, bound, at, where in self.bindings.of(node.id, cell):
                 if kind == "value":
                     self.items(bound, where, path)
+                elif kind == "key":  # a dictionary filled in a loop (`norms[name] = ...`): its keys
+                    self.part(bound, where, path)
         elif isinstance(node, ast.BinOp):
             self.items(node.left, cell, path), self.items(node.right, cell, path)
         elif isinstance(node, ast.Call) and path:
@@ -514,12 +522,16 @@ class _Tracer:
                 self.items(node.func.value, cell, rest)  # the keys
             elif name == "items" and isinstance(node.func, ast.Attribute) and first == 1:
                 self._dict_values(node.func.value, cell, rest)
+            elif name == "values" and isinstance(node.func, ast.Attribute):
+                self._dict_values(node.func.value, cell, path)
         elif isinstance(node, ast.Call):
             name = _call_name(node)
             if name in ("list", "tuple", "sorted", "reversed", "set") and node.args:
                 self.items(node.args[0], cell, path)
             elif name == "keys" and isinstance(node.func, ast.Attribute):
                 self.values(node.func.value, cell)
+            elif name == "values" and isinstance(node.func, ast.Attribute):
+                self._dict_values(node.func.value, cell)
         elif not path:
             self.values(node, cell)
 
@@ -537,7 +549,9 @@ class _Tracer:
     def _dict_values(self, node: ast.expr, cell: int, path: tuple[int, ...] = ()) -> None:
         if isinstance(node, ast.Dict):
             for value in node.values:
+                before, inside = len(self.found), {id(each) for each in ast.walk(value)}
                 self.part(value, cell, path)
+                self.labels |= {id(literal) for _, literal in self.found[before:] if id(literal) in inside}
         elif isinstance(node, ast.Name):
             for kind, bound, _, where in self.bindings.of(node.id, cell):
                 if kind == "value":
@@ -593,7 +607,9 @@ def _read_beside() -> str:
 
 def shown_values(notebook: dict, own: dict[str, list[str]], beside: str) -> tuple[list[tuple[int, ast.expr]], set[str]]:
     """What figures and widgets show that the code does not write where it draws (above): the
-    f-strings, by cell, and the plain values translated in every cell (DATA)."""
+    f-strings, by cell, and the plain values translated in every cell (DATA); and the lines the
+    lesson prints with such a value in them, whose literals are text in their cell (a label in
+    Chinese inside an English sentence would be half a translation)."""
     cells = notebook["cells"]
     sources = ["".join(cell["source"]) for cell in cells]
     trees = [_parsed(source) if cell["cell_type"] == "code" else None for cell, source in zip(cells, sources)]
@@ -612,26 +628,39 @@ def shown_values(notebook: dict, own: dict[str, list[str]], beside: str) -> tupl
     for index, literal in tracer.found:
         if isinstance(literal, ast.JoinedStr):
             strings.append((index, literal))
-        elif (re.search(r"[A-Za-z]{2}", literal.value) and literal.value not in passed
-              and not any(probe in literal.value for probe in probes)
+        elif not re.search(r"[A-Za-z]{2}", literal.value):
+            continue
+        elif (literal.value not in passed and not any(probe in literal.value for probe in probes)
               and not any(quote + literal.value + quote in text for quote in "\"'" for text in (beside, magic))):
             values.add(literal.value)
+        elif id(literal) in tracer.labels:  # data elsewhere, but here the label a dictionary gives its key
+            strings.append((index, literal))
+    for index, tree in enumerate(trees):  # a line printed with such a value in it is read as text too: all of it
+        for node in ast.walk(tree) if tree else ():
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print":
+                literals = [literal for arg in node.args for literal in _text_literals(arg)]  # a join's pieces too
+                reach = _Tracer(tracer.bindings)
+                for literal in literals:
+                    for part in literal.values if isinstance(literal, ast.JoinedStr) else ():
+                        if isinstance(part, ast.FormattedValue):
+                            reach.values(part.value, index)
+                if any(isinstance(found, ast.Constant) and found.value in values for _, found in reach.found):
+                    strings += [(index, literal) for literal in literals
+                                if re.search(r"[A-Za-z]{2}", _constant_text(literal))]
     return strings, values
 
 
 def _passed_on(trees: list[ast.Module | None], own: dict[str, list[str]]) -> tuple[set[str], set[str]]:
-    """The strings a lesson compares, or hands to a call that is neither a figure's nor a container's,
-    nor one of the lesson's functions that only looks the argument up, compares or shows it: data; and
+    """The strings a lesson hands to a call that is neither a figure's nor a container's, nor one of
+    the lesson's functions that only looks the argument up, compares or shows it: data; and
     the words it looks for inside others (`"offload" in strategy`, `.endswith("offload")`), which a
     value containing them is to keep."""
     lookups = {node.name: _looked_up_parameters(node) for tree in trees for node in (ast.walk(tree) if tree else ())
                if isinstance(node, ast.FunctionDef)}
     passed, probes = set(), set()
     for tree in trees:
-        for node in ast.walk(tree) if tree else ():  # compared, with what may come from outside ("x" in line)
-            if isinstance(node, ast.Compare):
-                passed |= {side.value for side in [node.left, *node.comparators]
-                           if isinstance(side, ast.Constant) and isinstance(side.value, str)}
+        for node in ast.walk(tree) if tree else ():
+            if isinstance(node, ast.Compare):  # `kind == "waiting"` is renamed with its value; `"x" in line` looks inside
                 if isinstance(node.left, ast.Constant) and isinstance(node.left.value, str):
                     probes.add(node.left.value)  # `"offload" in strategy`: a part of a word, looked for
             if isinstance(node, ast.Call) and _call_name(node) in PROBING_METHODS:
@@ -733,7 +762,7 @@ def _plain_strings(tree: ast.Module) -> list[ast.Constant]:
             and id(node) not in pieces]
 
 
-def _text_literals(tree: ast.Module) -> list[ast.expr]:
+def _text_literals(tree: ast.AST) -> list[ast.expr]:
     """Every literal of a cell that may be text, an f-string whole: not a key looked up, a
     dictionary's key or a value compared."""
     literals: list[ast.expr] = []

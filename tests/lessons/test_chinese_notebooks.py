@@ -222,8 +222,12 @@ def test_labels_made_from_the_lessons_data_are_found_and_data_from_outside_is_no
     assert '"no warm-up"' in data["02_"] and '"SGD + momentum"' in data["09_"]
     assert any(text.startswith('"MnistCNN, batch 64') for text in data["05_"])
     assert {'"stages"', '"micro_batches"'} <= cells["07_"] and '"optimizer"' in cells["09_"]  # widgets' names
-    assert '"resumed"' in cells["12b"] and '"resumed"' not in data["12b"]  # shown, but also compared with a job's output
-    assert not {'"straight"', '"killed"'} & (data["12b"] | cells["12b"])  # job names: sbatch and the files use them
+    assert '"resumed"' in cells["12b"] and '"resumed"' not in data["12b"]  # shown, but also looked for in a job's output
+    assert not {'"straight"', '"killed"'} & data["12b"]  # job names: sbatch and the files use them...
+    assert {'"straight"', '"killed"'} <= {m.text for m in messages["12b"] if m.number == 50}  # ...the lanes show them
+    assert {'"waiting for a batch"', '"waiting (GIL released)"', '"backward (compute)"'} <= data["04_"] | data["10_"]  # compared
+    assert {'"weights"', '"tensors"'} <= cells["09_"] and not {'"weights"', '"tensors"'} & data["09_"]  # labels of keys
+    assert any("as fast as one thread" in text for text in cells["04_"])  # a printed line with a translated label in it
 
 
 def test_a_value_is_renamed_wherever_the_lesson_uses_it_and_nowhere_it_leaves() -> None:
@@ -240,6 +244,19 @@ def test_a_value_is_renamed_wherever_the_lesson_uses_it_and_nowhere_it_leaves() 
                        'assert rates["轻负载"] < rates["重负载"]\nprint(f"{rates[\'轻负载\']}", "a state" in line)\n')
 
 
+def test_a_label_given_apart_from_its_key_is_translated_and_the_key_is_not() -> None:
+    cells = ['KINDS = {"weights": "weights", "to disk": "to disk"}\n',
+             'save("weights")\nfor kind, shown in KINDS.items():\n    ax.bar(kind, parts[kind], label=shown)\n'
+             'print(f"{kind}: {parts[kind]} bytes", "weights" == kind)\n']
+    notebook = {"cells": [{"cell_type": "code", "id": f"c{n}", "source": source} for n, source in enumerate(cells)]}
+    strings, values = translate.shown_values(notebook, {}, beside="")
+    assert values == {"to disk"}  # "weights" leaves the notebook (save), "to disk" does not
+    assert [(cell, translate._constant_text(literal)) for cell, literal in strings] == [
+        (0, "weights"), (1, ":   bytes")]  # the label, in its cell; the line that prints a translated value
+    assert translate.translated_code(cells[0], {'"weights"': '"权重"'}, {"to disk": '"写盘"'}) == (
+        'KINDS = {"weights": "权重", "写盘": "写盘"}\n')  # the key kept, as save() and parts[kind] have it
+
+
 def test_a_widget_without_a_description_gets_its_parameters_name_in_chinese() -> None:
     source = 'interact(f, n=IntSlider(4, 1, 8), m=Dropdown(options=[1]), k=IntSlider(2, description="k"))\n'
     assert [name for name, _ in translate.widget_names(ast.parse(source))] == ["n", "m"]
@@ -251,14 +268,17 @@ def test_a_widget_without_a_description_gets_its_parameters_name_in_chinese() ->
                          ids=lambda lesson: lesson.stem)
 def test_no_label_from_data_no_widget_name_and_no_verdict_stays_english(lesson: Path) -> None:
     """The built Chinese code, scanned: no value the catalog translates is left in English in any code
-    cell, every widget of interact() shows a Chinese description (or a name kept as it is), and each
-    line printed with a verdict's mark (✓) says it in Chinese."""
+    cell, nor a label or printed line its catalog translates in that cell (a dictionary's value that
+    labels a key, a line printed with a translated value in it), every widget of interact() shows a
+    Chinese description (or a name kept as it is), and each line printed with a verdict's mark (✓)
+    says it in Chinese."""
     catalog = translate.translated(polib.pofile(str(translate.lesson_catalog(lesson))))
     values = {ast.literal_eval(english) for (context, english), text in catalog.items()
               if context == translate.DATA and text != english}
     wrong = []
     for cell in chinese_notebook(lesson)["cells"]:
-        tree = translate._parsed("".join(cell["source"])) if cell["cell_type"] == "code" else None
+        source = "".join(cell["source"])
+        tree = translate._parsed(source) if cell["cell_type"] == "code" else None
         for node in ast.walk(tree) if tree else ():
             if isinstance(node, ast.Constant) and node.value in values:
                 wrong.append(f"cell {cell['id']}: {node.value!r} is still English")
@@ -267,6 +287,11 @@ def test_no_label_from_data_no_widget_name_and_no_verdict_stays_english(lesson: 
                             for literal in translate._literals_in(node.args[0]))
                     and not any(HAN.search(translate._constant_text(literal)) for literal in translate._literals_in(node.args[0]))):
                 wrong.append(f"cell {cell['id']}: a verdict in English")
+        changed = {english for (context, english), text in catalog.items()  # its labels, its printed lines
+                   if context == cell["id"] + translate.CODE and text != english}
+        wrong += [f"cell {cell['id']}: {text} is still English where it is shown" for text in
+                  (source[slice(*translate._segment(source, literal))] for literal in translate._text_literals(tree))
+                  if text in changed] if tree else []
         for name, _ in translate.widget_names(tree) if tree else ():
             if catalog.get((cell["id"] + translate.CODE, f'"{name}"'), f'"{name}"') != f'"{name}"':
                 wrong.append(f"cell {cell['id']}: the widget {name} shows its parameter's name")
