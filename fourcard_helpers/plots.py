@@ -25,9 +25,10 @@ from .language import N_, _
 DPI = 80  # stored notebooks carry their figures; 80 dpi keeps each PNG in the tens of KB
 CARD_COLOURS = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C")
 CJK_FAMILY = "Noto Sans CJK SC"  # Simplified Chinese forms, from the collection's faces (matplotlib reads each)
-# The kinds of work lesson 07's pipeline timelines show (schedules.py's operations and the gaps between
-# them): marked for the catalog, so that timeline() names them in the learner's language.
-PIPELINE_KINDS = (N_("forward"), N_("backward"), N_("idle"))
+# The kinds of work the lessons' timelines show (lesson 07's pipeline operations, schedules.py's, and the
+# gaps between them; lesson 06's all-reduce beside the backward pass): marked for the catalog, so that
+# timeline() names them in the learner's language.
+PIPELINE_KINDS = (N_("forward"), N_("backward"), N_("idle"), N_("all-reduce"))
 
 
 def use_cjk_font() -> bool:
