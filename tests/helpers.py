@@ -201,7 +201,7 @@ def run_with_plain_torchrun(script: str, nproc: int, nnodes: int, timeout: float
     """Launch `script` once as a learner would, with bare torchrun agents; return each agent's exit
     code (None: it ran past `timeout` + 60 s and was killed) and the launch's output. Nothing of
     the launch outlives the call. benchmarks/script_stress.py runs the same launch many times."""
-    env = {**os.environ, "FOURCARD_DEVICE": "cpu", "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
+    env = {**os.environ, "FOURCARDS_DEVICE": "cpu", "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
            "PYTHONUNBUFFERED": "1", **(extra_env or {})}
     env.pop("FOURCARD_RUN_DIR", None)
     procs = [subprocess.Popen(

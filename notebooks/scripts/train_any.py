@@ -69,6 +69,17 @@ except ImportError:
     def report(**values):
         print(f"report from rank {os.environ.get('RANK', '0')}: {json.dumps(values)}", flush=True)
 
+try:  # the course's variables as the course reads them: FOURCARDS_DEVICE, or its name before, with a notice
+    from fourcard_helpers.rundir import DEVICE_ENV, setting, setting_name
+except ImportError:  # anywhere else: the one name
+    DEVICE_ENV = "FOURCARDS_DEVICE"
+
+    def setting(name, default=""):
+        return os.environ.get(name, default).strip()
+
+    def setting_name(name):
+        return name
+
 try:  # a progress bar where tqdm is installed; the training needs none
     from tqdm import tqdm
 except ImportError:
@@ -202,11 +213,11 @@ def find_checkpoint(folder, args, shapes, world):
 def join_process_group(strategy, place):
     """GPUs with NCCL when there is one per rank, else CPU processes with gloo; rank 0 says which, and why.
     Returns `place` with its device."""
-    wanted = os.environ.get("FOURCARD_DEVICE", "auto")
+    wanted, named = setting(DEVICE_ENV, "auto") or "auto", setting_name(DEVICE_ENV)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     on_gpu = wanted != "cpu" and gpus >= place.local_world
     if wanted == "cuda" and not on_gpu:
-        fail(f"FOURCARD_DEVICE=cuda but {gpus} GPU(s) for {place.local_world} ranks on this machine")
+        fail(f"{named}=cuda but {gpus} GPU(s) for {place.local_world} ranks on this machine")
     device = torch.device("cuda", place.local_rank) if on_gpu else torch.device("cpu")
     if on_gpu:
         torch.cuda.set_device(device)  # otherwise every rank's NCCL work lands on cuda:0
@@ -218,7 +229,7 @@ def join_process_group(strategy, place):
     if place.rank == 0:
         world = place.world
         cards = f"{world} GPU{'s' * (world > 1)} with NCCL" if on_gpu else f"{world} CPU process{'es' * (world > 1)} with gloo"
-        why = "" if on_gpu else f" ({'FOURCARD_DEVICE=cpu' if wanted == 'cpu' else f'{gpus} GPU(s) for {place.local_world} ranks'})"
+        why = "" if on_gpu else f" ({named + '=cpu' if wanted == 'cpu' else f'{gpus} GPU(s) for {place.local_world} ranks'})"
         print(f"train_any: {strategy} on {cards}{why}", flush=True)
     return replace(place, device=device)
 

@@ -78,7 +78,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def run(workdir: Path, nproc: int | None, *args: str, ok: bool = True) -> str:
     """Run the template with plain torchrun (or plain python when nproc is None) in `workdir`."""
-    env = {**os.environ, "FOURCARD_DEVICE": "cpu", "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
+    env = {**os.environ, "FOURCARDS_DEVICE": "cpu", "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
            "PYTHONUNBUFFERED": "1"}
     env.pop("FOURCARD_RUN_DIR", None)
     launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"] if nproc else []
@@ -133,7 +133,7 @@ def test_ddp_trains_and_leaves_a_plain_state_dict_and_metrics(workdir: Path, ddp
         import tiny
     finally:
         sys.path.remove(str(workdir))
-    assert "ddp on 4 CPU processes with gloo" in ddp_two_epochs
+    assert "ddp on 4 CPU processes with gloo (FOURCARDS_DEVICE=cpu)" in ddp_two_epochs  # the one name, read
     model = tiny.build_model()
     model.load_state_dict(weights(workdir, "ddp2"))  # no "module." prefix, no missing key
     rows = metrics(workdir, "ddp2")
@@ -286,7 +286,7 @@ def test_a_stop_request_saves_that_step_and_the_resumed_run_ends_bit_for_bit_as_
 def test_sigterm_to_torchrun_reaches_the_ranks_which_save_their_step_and_exit(workdir: Path) -> None:
     """SLURM's SIGTERM (preemption, scancel) reaches each node's torchrun, which sends it on to its ranks: they
     finish the step they are in, agree, save it and exit, before torchrun's 30 s of grace end in SIGKILL."""
-    env = {**os.environ, "FOURCARD_DEVICE": "cpu", "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "FOURCARDS_DEVICE": "cpu", "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "PYTHONUNBUFFERED": "1"}
     agent = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(SCRIPT), "--model",
          "tiny:build_model", "--data", "tiny:build_datasets", "--batch-size", "8", "--epochs", "1000", "--checkpoint-dir",
