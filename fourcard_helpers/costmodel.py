@@ -106,6 +106,39 @@ def ring_reduce_scatter_bytes(nbytes: float, n: int) -> float:
 ring_all_gather_bytes = ring_reduce_scatter_bytes  # the same traffic, run the other way
 
 
+def attention_flops_per_token(sequence: int, width: int, blocks: int, *, causal: bool = False) -> float:
+    """Forward FLOPs per token of attention's two products that grow with the sequence, the scores q·kᵀ and the
+    weighted sum of v, over `blocks` blocks of `width` (all heads together: grouped-query attention shares keys and
+    values between heads, not these products).
+
+    Why a term of its own: a rule of FLOPs per parameter leaves it out, and it grows with the context. Each product
+    costs 2·width per query-key pair (a multiply and an add per term). `causal=False` counts every pair, `sequence`
+    keys per query, 4·sequence·width per block: what PyTorch's plain kernel computes before masking, and the usual
+    convention (nanoGPT's `estimate_mfu` after PaLM's Appendix B, torchtitan's count). `causal=True` counts only the
+    pairs the mask keeps, query i against i + 1 keys, (sequence + 1)/2 on average: what a kernel that skips the
+    masked part does, about half."""
+    keys = (sequence + 1) / 2 if causal else sequence
+    return 4 * keys * width * blocks
+
+
+def training_flops_per_token(matmul_parameters: float, sequence: int, width: int, blocks: int, *,
+                             causal: bool = False, recomputed_parameters: float | None = None) -> float:
+    """FLOPs per token of one training step, counted as the matrix products run.
+
+    Forward: 2 per weight of a matrix product (`matmul_parameters`: the weights that multiply activations, not an
+    embedding looked up, not a norm) plus attention's products. Backward: twice forward (for each product a gradient
+    for its input and one for its weight; for q·kᵀ and the sum of v, two gradients each). With activation
+    checkpointing (`recomputed_parameters` given), backward first runs each block's forward again, but only as far
+    as backward needs: PyTorch's non-reentrant checkpoint stops once the tensors backward uses are rebuilt, so a
+    block's last product, whose output nothing keeps, is not run again. `recomputed_parameters` are the weights of
+    the products run again (each block's, less its last), and attention's products run again with them."""
+    attention = attention_flops_per_token(sequence, width, blocks, causal=causal)
+    step = 3 * (2 * matmul_parameters + attention)
+    if recomputed_parameters is not None:
+        step += 2 * recomputed_parameters + attention
+    return step
+
+
 def bus_bandwidth(nbytes: float, seconds: float, n: int) -> float:
     """All-reduce bus bandwidth in GB/s: algbw (nbytes / seconds) × 2(n−1)/n.
 

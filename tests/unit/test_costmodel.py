@@ -129,3 +129,61 @@ def test_gradient_dtype_rule():
                   dict(strategy="FSDP", parameters="int3")):
         with pytest.raises(ValueError):
             costmodel.gradient_dtype(**wrong)
+
+
+def _counted(model, x, y):
+    """FLOPs of one forward and one backward pass as FlopCounterMode counts them, on PyTorch's plain attention kernel
+    (the fused CPU kernel has no FLOP formula in torch 2.13 and counts as zero)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with sdpa_kernel(SDPBackend.MATH):
+        with FlopCounterMode(display=False) as forward:
+            loss = model(x, y)[1]
+        with FlopCounterMode(display=False) as backward:
+            loss.backward()
+    return forward.get_total_flops(), backward.get_total_flops()
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_training_flops_per_token_is_what_the_lessons_gpt_computes(checkpointing):
+    """Lesson 13's GPT at a small size (a vocabulary of 24, 3 blocks of width 16, a context of 8): the count of
+    costmodel.training_flops_per_token, attention's full square included, equals FlopCounterMode's count of the
+    matrix products the step runs, with and without activation checkpointing. Checkpointing runs each block again
+    but for its last product, w2 (non-reentrant checkpoint stops early): a count of one whole forward more fails."""
+    from fourcard_helpers.gpt import GPT, Checkpointed, GPTConfig
+
+    config = GPTConfig(vocab_size=24, block_size=8, n_layer=3, n_head=4, d_model=16)
+    torch.manual_seed(0)
+    model = GPT(config).double()
+    if checkpointing:
+        model.layers = torch.nn.ModuleList(Checkpointed(block) for block in model.layers)
+    x = torch.randint(24, (2, 8))
+    forward, backward = _counted(model, x, x)
+    d, L = config.d_model, config.n_layer
+    matmul = L * 12 * d * d + config.vocab_size * d        # six linear layers a block; the tied table once, as output
+    tokens = x.numel()
+    assert forward == tokens * (2 * matmul + costmodel.attention_flops_per_token(8, d, L))
+    recomputed = L * (12 - 4) * d * d if checkpointing else None   # each block's products but w2's (4·d² weights)
+    assert forward + backward == tokens * costmodel.training_flops_per_token(matmul, 8, d, L, recomputed_parameters=recomputed)
+    if checkpointing:   # one whole forward of the blocks more is not what runs
+        assert forward + backward != tokens * costmodel.training_flops_per_token(matmul, 8, d, L,
+                                                                                recomputed_parameters=L * 12 * d * d)
+    assert costmodel.attention_flops_per_token(8, d, L) == 4 * 8 * d * L   # arithmetic: the formula's full square
+
+
+def test_causal_attention_flops_count_the_pairs_the_mask_keeps():
+    """Attention computed query by query against only the keys the causal mask keeps (0 … i), as a kernel that skips
+    the masked part does: FlopCounterMode counts (T + 1)/2 keys per query on average, half the square and a little
+    more, and the causal result equals the masked full one."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    T, width = 9, 8
+    q, k, v = (torch.randn(T, width, dtype=torch.float64) for _ in range(3))
+    with FlopCounterMode(display=False) as counter:
+        rows = [torch.softmax(q[i:i + 1] @ k[:i + 1].T / width**0.5, dim=-1) @ v[:i + 1] for i in range(T)]
+    masked = torch.nn.functional.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True)[0]
+    assert torch.allclose(torch.cat(rows), masked, rtol=0, atol=1e-12)
+    assert counter.get_total_flops() == T * costmodel.attention_flops_per_token(T, width, 1, causal=True)
+    assert costmodel.attention_flops_per_token(T, width, 1, causal=True) == (T + 1) / 2 / T * \
+        costmodel.attention_flops_per_token(T, width, 1)   # arithmetic: (T + 1)/2 of T keys
