@@ -1,7 +1,7 @@
 """Lesson 14's mixture of experts: the layer (`MoE`), its capacity (`within_capacity`) and its expert-parallel forward
 (`expert_parallel`).
 
-The lesson defines both in its own cells, where it explains them; this is the copy its four-rank scripts import
+The lesson defines all three in its own cells, where it explains them; this is the copy its four-rank scripts import
 (tests/lessons/test_lesson_copies.py keeps the two equal). Each expert is lesson 13's MLP (d → 4d → d).
 """
 from __future__ import annotations
