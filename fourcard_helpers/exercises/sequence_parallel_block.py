@@ -121,7 +121,8 @@ def _diagnose(reports: list[dict[str, Any]], world: int) -> str:
                             "each rank's part: added over the {world} ranks they are one card's. Each rank "
                             "normalised only its {share} of the positions with a plain weight, so nothing added the "
                             "parts: plan the norms SequenceParallel(), which makes their weights DTensors whose "
-                            "gradients are summed over the ranks.").format(
+                            "gradients are partial sums over the ranks (Partial()), added up when something "
+                            "redistributes them: this check's full_tensor(), the optimizer's step, FSDP2.").format(
                                 names=", ".join(norms), world=world, share=f"1/{world}"))
     if first["loss_gap"] > bound or off:
         raise CheckFailed(_("the plan runs, but the numbers are not one card's: the loss differs by {loss:.3g}; "
