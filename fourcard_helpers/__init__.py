@@ -4,7 +4,7 @@ Everything is imported lazily: each rank of a launch imports this package only f
 `report()`, and a rank should not pay for matplotlib or IPython it never uses.
 
 In a notebook, `%load_ext fourcard_helpers` adds the `%%torchrun` cell magic (see magic.py)
-and the warm session's `%ranks` / `%%ranks` (see ranks.py).
+and the warm session's `%ranks` / `%%ranks` (see warm_magics.py).
 """
 from __future__ import annotations
 
@@ -19,10 +19,11 @@ _EXPORTS = {
     "load_mnist": "data", "load_mnist_raw": "data", "normalisation": "data",
     "download_full_mnist": "data", "MnistDataError": "data",
     "MnistCNN": "models", "PeakMemory": "memory",
-    "RankSession": "ranks", "RankSessionError": "ranks",
+    "RankSession": "warm_session", "RankSessionError": "warm_session",
 }
 _MODULES = {"cards", "launch", "lifecycle", "rundir", "diagnose", "reporting", "worker", "agent", "data", "loaders",
-            "models", "gpt", "moe", "ring", "memory", "schedules", "plots", "check", "costmodel", "magic", "ranks", "rank_processes", "doctor", "preflight", "slurm"}
+            "models", "gpt", "moe", "ring", "memory", "schedules", "plots", "check", "costmodel", "magic", "ranks",
+            "warm_session", "warm_rank_side", "warm_engines", "warm_magics", "doctor", "preflight", "slurm"}
 
 __all__ = sorted(_EXPORTS) + sorted(_MODULES) + ["load_ipython_extension"]
 

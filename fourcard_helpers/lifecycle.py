@@ -1,5 +1,5 @@
 """How every process the course starts is started, found and stopped: one lifecycle for a launch
-(`launch.py`) and for a warm session (`ranks.py`).
+(`launch.py`) and for a warm session (`warm_session.py`).
 
 A notebook starts trees of processes: torchrun agents and their ranks; for a warm session also an
 ipyparallel controller. Whichever way the notebook's part ends (the cell finishes, fails or is

@@ -41,8 +41,9 @@ from . import check, language
 from .cards import CardsError
 from .language import N_, _
 from .launch import LaunchError, LaunchResult, torchrun
-from .ranks import RankSessionError, RanksMagics
 from .rundir import LANG_ENV, setting
+from .warm_magics import RanksMagics
+from .warm_session import RankSessionError
 
 
 _solution_numbers = itertools.count(1)  # one linecache name per %%solution run

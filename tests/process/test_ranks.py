@@ -1,4 +1,4 @@
-"""The warm session (fourcard_helpers.ranks) with real processes: torchrun, ipyparallel, gloo.
+"""The warm session (fourcard_helpers/warm_*.py) with real processes: torchrun, ipyparallel, gloo.
 
 Each test looks at the process table afterwards: a session that ends, whichever way, must
 leave no controller, torchrun or rank process behind.
@@ -9,8 +9,7 @@ import contextlib
 
 import pytest
 
-from fourcard_helpers import RankSession, RankSessionError, leftover_processes
-from fourcard_helpers import ranks as ranks_module
+from fourcard_helpers import RankSession, RankSessionError, leftover_processes, warm_session
 from fourcard_helpers.lifecycle import wait_until
 
 pytestmark = pytest.mark.slow  # every test here starts ranks, a kernel or a browser: not in the fast tier
@@ -96,7 +95,7 @@ def test_a_session_that_lost_a_rank_says_so_and_a_new_one_starts(
     ranks = RankSession(2, timeout=600, echo=False)
     seen_gone: list[list[int]] = []  # the ranks gone at each held look
     if both_gone_when_it_looks:
-        real_alive = ranks_module.alive
+        real_alive = warm_session.alive
 
         def alive_once_every_rank_is_gone(pid: int) -> bool:
             if not all(real_alive(rank_pid) for rank_pid in ranks.pids.values()):
@@ -105,7 +104,7 @@ def test_a_session_that_lost_a_rank_says_so_and_a_new_one_starts(
                 seen_gone.append(sorted(rank for rank, rank_pid in ranks.pids.items() if not real_alive(rank_pid)))
             return real_alive(pid)
 
-        monkeypatch.setattr(ranks_module, "alive", alive_once_every_rank_is_gone)
+        monkeypatch.setattr(warm_session, "alive", alive_once_every_rank_is_gone)
     try:
         with pytest.raises(RankSessionError, match=r"rank 1 of 2 was lost"):
             ranks.run("import os\nif rank == 1:\n    os._exit(3)\ndist.barrier()")

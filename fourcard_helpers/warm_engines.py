@@ -1,7 +1,7 @@
-"""The processes of a warm session (see ranks.py), started with the course's exit guarantees.
+"""The warm session's engines (see warm_session.py): its controller and its ranks, with the course's exit guarantees.
 
-    python -m fourcard_helpers.rank_processes controller ARGS...   # ipyparallel's controller
-    python -m fourcard_helpers.agent ... -m fourcard_helpers.rank_processes engine ARGS...
+    python -m fourcard_helpers.warm_engines controller ARGS...   # ipyparallel's controller
+    python -m fourcard_helpers.agent ... -m fourcard_helpers.warm_engines engine ARGS...
 
 The controller and the engines are ipyparallel's own; this module changes only how they die.
 ipyparallel stops gracefully on SIGTERM, but a rank busy in a cell (or stuck in a collective)
