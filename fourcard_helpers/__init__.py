@@ -23,7 +23,8 @@ _EXPORTS = {
 }
 _MODULES = {"cards", "launch", "lifecycle", "rundir", "diagnose", "reporting", "worker", "agent", "data", "loaders",
             "models", "gpt", "moe", "ring", "memory", "schedules", "plots", "check", "costmodel", "magic", "ranks",
-            "warm_session", "warm_rank_side", "warm_engines", "warm_magics", "doctor", "preflight", "slurm"}
+            "warm_session", "warm_rank_side", "warm_engines", "warm_magics", "doctor", "preflight", "slurm",
+            "slurm_cluster", "slurm_daemons", "slurm_conf", "slurm_jobids", "slurm_network", "slurm_guard"}
 
 __all__ = sorted(_EXPORTS) + sorted(_MODULES) + ["load_ipython_extension"]
 

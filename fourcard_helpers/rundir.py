@@ -54,7 +54,7 @@ LANG_ENV = PREFIX + "LANG"  # the learner's language (language.py); a launch pas
 LAUNCHER_ENV = PREFIX + "LAUNCHER_PID"  # in every process a notebook starts: the kernel's pid (lifecycle.py)
 WATCH_FD_ENV = PREFIX + "WATCH_FD"  # a tree's root: the read end of the kernel's pipe (lifecycle.py)
 SESSION_ENV = PREFIX + "RANKS_SESSION"  # in every process of one warm session (warm_session.py)
-SLURM_ENV = PREFIX + "SLURM"  # every daemon of a practice SLURM cluster: the cluster's folder (slurm.py)
+SLURM_ENV = PREFIX + "SLURM"  # every daemon of a practice SLURM cluster: the cluster's folder (slurm_daemons.py)
 VENV_ENV = PREFIX + "VENV"  # the Python environment lesson 12's batch file activates on every node
 FULL_ENV = PREFIX + "FULL"  # "1": lessons 10, 11 and 13 run their long measurements instead of reading them
 # Their names before the one prefix, still read (see `setting`).

@@ -156,13 +156,13 @@ def test_up_while_running_refuses_and_a_stale_folder_is_cleaned(tmp_path):
 def test_a_port_taken_fails_in_one_sentence_and_leaves_nothing(tmp_path, monkeypatch):
     import socket
 
-    import fourcard_helpers.slurm as slurm
+    import fourcard_helpers.slurm_conf as slurm_conf
 
     with socket.socket() as held:  # another program listens on the port `up` picked for the controller
         held.bind(("127.0.0.1", 0))
         held.listen()
-        free_ports = slurm.free_ports
-        monkeypatch.setattr(slurm, "free_ports", lambda count: [held.getsockname()[1], *free_ports(count - 1)])
+        free_ports = slurm_conf.free_ports
+        monkeypatch.setattr(slurm_conf, "free_ports", lambda count: [held.getsockname()[1], *free_ports(count - 1)])
         with pytest.raises(ClusterError, match=r"slurmctld stopped while starting .* Another program took its port"):
             up(2, tmp_path / "cluster")
     assert marked_processes(MARK_ENV, str(tmp_path / "cluster")) == [] and not (tmp_path / "cluster" / "cluster.json").exists()
