@@ -1,6 +1,6 @@
-"""Lesson 13's build exercise, the tensor + sequence parallel plan of a GPT block: the reference passes, the
-skeleton is "not attempted" without a launch, and each mistake is named from what the ranks found (real torchrun,
-gloo, two ranks: the diagnoses are the same as on four)."""
+"""Lesson 13's build exercise, the tensor + sequence parallel plan of a GPT block: the reference passes, and each
+mistake is named from what the ranks found (real torchrun, gloo, two ranks: the diagnoses are the same as on four).
+What needs no launch: tests/unit/test_exercise_sequence_parallel_in_process.py."""
 from __future__ import annotations
 
 import inspect
@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from fourcard_helpers import exercises
 from fourcard_helpers.check import CheckFailed
 from fourcard_helpers.exercises import sequence_parallel_block
 from fourcard_helpers.solutions import plans as reference
@@ -27,7 +26,6 @@ ROW_PLANNED_AS_COLUMN = changed('"attention.wo": RowwiseParallel(output_layouts=
 WHOLE_SEQUENCE_OUT = SOLUTION.replace("RowwiseParallel(output_layouts=Shard(1))", "RowwiseParallel()")
 NO_GATHER_BEFORE_ATTENTION = changed(
     '        "attention": PrepareModuleInput(input_layouts=parts, desired_input_layouts=whole),   # one all-gather\n', "")
-SKELETON = SOLUTION.split("    parts, whole")[0] + "    raise NotImplementedError\n"
 INPUT_DECLARED_WHOLE = (SOLUTION.replace("PrepareModuleInput(input_layouts=parts,", "PrepareModuleInput(input_layouts=whole,")
                         .replace("SequenceParallel(),", "SequenceParallel(use_local_output=True),"))   # plain parts
 IMPORTS = ("from torch.distributed.tensor import Replicate, Shard\nfrom torch.distributed.tensor.parallel import "
@@ -60,12 +58,6 @@ def write(tmp_path: Path, text: str) -> Path:
     return path
 
 
-def test_skeleton_is_not_attempted_without_a_launch(tmp_path):
-    with pytest.raises(NotImplementedError, match="block_plan"):
-        sequence_parallel_block.check(write(tmp_path, SKELETON), nproc=2)
-    assert "sequence-parallel-block" in exercises.catalog()
-
-
 @pytest.mark.slow
 def test_reference_passes_with_one_gather_and_one_scatter_per_sub_layer(tmp_path):
     verdict = sequence_parallel_block.check(write(tmp_path, SOLUTION), nproc=2)
@@ -96,8 +88,3 @@ def test_each_mistake_is_named(tmp_path, text, named):
     with pytest.raises(CheckFailed) as failure:
         sequence_parallel_block.check(write(tmp_path, text), nproc=2)
     assert named in str(failure.value), str(failure.value)
-
-
-def test_a_number_of_ranks_that_does_not_divide_the_heads_is_refused_before_a_launch(tmp_path):
-    with pytest.raises(ValueError, match="divides the 4 heads and the 8 positions .*; not 3"):
-        sequence_parallel_block.check(write(tmp_path, SOLUTION), nproc=3)

@@ -1,8 +1,7 @@
 """The build exercises of lessons 05 and 09 (fourcard_helpers/exercises): the reference solution passes,
-the skeleton is "not attempted" without a launch, and each mistake a learner makes is named from what
-the ranks saw, in real torchrun launches on gloo (two ranks: the diagnoses are the same as on four).
-The parts that need no launch, the solution cells' match with the package included, are in
-tests/unit/test_exercises_in_process.py."""
+and each mistake a learner makes is named from what the ranks saw, in real torchrun launches on gloo (two
+ranks: the diagnoses are the same as on four). The parts that need no launch, the skeleton told "not
+attempted" and the solution cells' match with the package included, are in tests/unit/test_exercises_in_process.py."""
 from __future__ import annotations
 
 import inspect
@@ -40,20 +39,6 @@ def diagnosis(tmp_path: Path, exercise: str, text: str) -> str:
     with pytest.raises(CheckFailed) as failure:
         exercises.run(exercise, write(tmp_path, text), nproc=2)
     return str(failure.value)
-
-
-def test_a_skeleton_is_not_attempted_without_a_launch(tmp_path: Path) -> None:
-    skeleton = HEADER + "class OverlappedDDP(nn.Module):\n    def __init__(self, module):\n" \
-                        "        super().__init__()\n        raise NotImplementedError\n"
-    with pytest.raises(NotImplementedError, match="OverlappedDDP"):
-        harness.skeleton(write(tmp_path, skeleton), ("OverlappedDDP",))
-    with pytest.raises(CheckFailed, match="does not define OverlappedDDP"):
-        harness.skeleton(write(tmp_path, HEADER), ("OverlappedDDP",))
-    harness.skeleton(write(tmp_path, OVERLAPPED), ("OverlappedDDP",))  # the reference is no skeleton
-    own = mistake(OVERLAPPED, "        self.module = module\n",
-                  "        self.module = module\n        if not dist.is_initialized():\n"
-                  "            raise NotImplementedError(\"one process: nothing to average\")\n")
-    harness.skeleton(write(tmp_path, own), ("OverlappedDDP",))  # a learner's own error, with its message
 
 
 @pytest.mark.slow

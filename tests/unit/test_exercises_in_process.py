@@ -1,16 +1,21 @@
-"""The launch exercises' parts that need no launch: each says what it asks, the harness names a skipped collective
-and finds an optimizer's state, and each lesson's hidden solution cell is the package's reference solution."""
+"""The launch exercises' parts that need no launch: each says what it asks, the harness names a skipped collective,
+finds an optimizer's state and tells a skeleton before any rank starts, and each lesson's hidden solution cell is the
+package's reference solution."""
 from __future__ import annotations
 
 import ast
 import inspect
 import re
+from pathlib import Path
 
+import pytest
 import torch
 
 import fourcard_helpers.solutions as solutions
 from fourcard_helpers import exercises
+from fourcard_helpers.check import CheckFailed
 from fourcard_helpers.exercises import harness
+from fourcard_helpers.solutions import ddp
 from helpers import NOTEBOOKS, cells, source
 
 
@@ -81,3 +86,26 @@ def test_the_lessons_solution_cells_are_the_reference_solutions() -> None:
             if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
                 assert ast.get_source_segment(body, node) == inspect.getsource(reference(node.name)).rstrip("\n"), (
                     f"{lesson}: {node.name} differs from fourcard_helpers/solutions: copy one into the other")
+
+
+def test_a_skeleton_is_not_attempted_without_a_launch(tmp_path: Path) -> None:
+    """A skeleton is told from the reference, from a file that lacks the class, and from a learner's own
+    NotImplementedError with a message, all before any rank starts."""
+    header = "import contextlib\n\nimport torch\nimport torch.distributed as dist\nfrom torch import nn\n\n\n"
+    overlapped = header + inspect.getsource(ddp._unused) + "\n\n" + inspect.getsource(ddp.OverlappedDDP)
+    answer = tmp_path / "answer.py"
+
+    def skeleton(text: str) -> None:
+        answer.write_text(text, encoding="utf-8")
+        harness.skeleton(answer, ("OverlappedDDP",))
+
+    with pytest.raises(NotImplementedError, match="OverlappedDDP"):
+        skeleton(header + "class OverlappedDDP(nn.Module):\n    def __init__(self, module):\n"
+                          "        super().__init__()\n        raise NotImplementedError\n")
+    with pytest.raises(CheckFailed, match="does not define OverlappedDDP"):
+        skeleton(header)
+    skeleton(overlapped)  # the reference is no skeleton
+    mine = "        self.module = module\n"
+    assert mine in overlapped
+    skeleton(overlapped.replace(mine, mine + "        if not dist.is_initialized():\n"  # the learner's own error
+                                "            raise NotImplementedError(\"one process: nothing to average\")\n"))
