@@ -23,6 +23,7 @@ rank, device = dist.get_rank(), cards.device(int(os.environ["LOCAL_RANK"]))
 if cards.kind == "cuda": torch.cuda.set_device(device)
 tokens, chars = poem_tokens(); config = GPTConfig(vocab_size=len(chars), n_layer=args.blocks, d_model=args.width)
 mesh, flat = init_device_mesh(cards.kind, (2, 2), mesh_dim_names=("dp", "tp")), init_device_mesh(cards.kind, (4,))
+mesh_dp, mesh_tp = mesh["dp"], mesh["tp"]                       # the sub-meshes, made before any count begins
 BLOCK = {"attention_norm": SequenceParallel(), "mlp_norm": SequenceParallel(),   # section 5's plan
          **{name: PrepareModuleInput(input_layouts=Shard(1), desired_input_layouts=Replicate()) for name in ("attention", "mlp")},
          **{name: ColwiseParallel() for name in ("attention.wq", "attention.wk", "attention.wv", "mlp.w1")},
@@ -32,13 +33,13 @@ def build(strategy: str) -> torch.nn.Module:                    # one card's ini
     model = GPT(config).to(device)
     if strategy == "DDP": return DDP(model, device_ids=[device] if cards.kind == "cuda" else None)
     if strategy == "2 × 2 mesh":
-        parallelize_module(model, mesh["tp"], {"tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
+        parallelize_module(model, mesh_tp, {"tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
             "layers.0": PrepareModuleInput(input_layouts=Replicate(), desired_input_layouts=Shard(1), use_local_output=True),
             **{f"layers.{i}.{name}": style for i in range(config.n_layer) for name, style in BLOCK.items()}, "norm": SequenceParallel(),
             "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False)})
         model.output.weight = model.tok_embeddings.weight        # re-tie (section 5)
     if strategy == "FSDP2 + checkpointing": model.layers = torch.nn.ModuleList(Checkpointed(block) for block in model.layers)
-    shard_over = {"FSDP2 + checkpointing": flat, "2 × 2 mesh": mesh["dp"]}.get(strategy)   # FSDP2 over 4 ranks, or over dp
+    shard_over = {"FSDP2 + checkpointing": flat, "2 × 2 mesh": mesh_dp}.get(strategy)   # FSDP2 over 4 ranks, or over dp
     if shard_over is not None:
         for block in model.layers: fully_shard(block, mesh=shard_over)
         fully_shard(model, mesh=shard_over)

@@ -1,4 +1,4 @@
-"""Lesson 13's GPT on a 2 × 2 mesh as torchtitan composes it: tensor + sequence parallel over "tp", then FSDP2 over "dp", the loss by
+"""Lesson 13's GPT on a 2 × 2 mesh as torchtitan composed it for Llama 3: tensor + sequence parallel over "tp", then FSDP2 over "dp", the loss by
 loss_parallel. First gradients, losses, 4 steps' weights, collectives with and without loss_parallel; the model saved with DCP."""
 import logging, os, sys, tempfile, warnings, torch, torch.distributed as dist, torch.distributed.checkpoint as dcp, torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import get_model_state_dict

@@ -2,6 +2,8 @@
 draws, and rejects the wrong ones. The lesson's own cells, executed here (no launch)."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -177,16 +179,17 @@ def _one_card_step(extra_kept: bool = False) -> dict[str, int]:
 @pytest.fixture(scope="module")
 def memory_check():
     tokens, chars = poem_tokens()
-    ns = {"torch": torch, "GPT": GPT, "GPTConfig": GPTConfig, "V": len(chars), "tokens": tokens}
+    ns = {"math": math, "torch": torch, "GPT": GPT, "GPTConfig": GPTConfig, "V": len(chars), "tokens": tokens}
     exec(code_cell("def float32_step("), ns)  # noqa: S102 - the calculator and its check, as the lesson defines them
     return ns
 
 
 def test_the_memory_check_passes_a_true_measurement_and_fails_a_kept_activation_or_a_calculator_without_logits(
         memory_check) -> None:
-    """Section 6's check of the measured bytes, on one card measured here: the lesson's calculator passes it (what
-    forward keeps and the peak, to the byte); a model whose blocks keep one more activation fails it, and so does a
-    calculator that leaves out the log-softmax over the vocabulary, or the loss's gradients in backward."""
+    """Section 6's check of the measured bytes, on one card measured here: the lesson's account passes it (before the
+    step, what forward keeps, the peak and the bytes at rest, to the byte); a model whose blocks keep one more
+    activation fails it, and so does a calculator that leaves out the log-softmax over the vocabulary, or the loss's
+    gradients in backward."""
     check_step, calculator = memory_check["check_step"], memory_check["float32_step"]
     measured = _one_card_step()
     check_step("one card", measured)
@@ -199,3 +202,62 @@ def test_the_memory_check_passes_a_true_measurement_and_fails_a_kept_activation_
     without_loss_gradients = lambda s, w: {**calculator(s, w), "loss": 0}
     with pytest.raises(AssertionError, match="backward added"):
         check_step("one card", measured, without_loss_gradients)
+
+
+# Each rank's bytes in the sharded branches of the lesson's launch (notebooks/scripts/13_gpt_memory.py, 4 gloo ranks,
+# torch 2.13, counted by LiveTensorBytes: exact, the same on every CPU), as the check receives them.
+LAUNCH = {
+    "FSDP2 + checkpointing": [
+        {"before": 9528856, "forward": 16772384, "backward": 38818336, "optimizer": 30404892, "rest": 21672728},
+        {"before": 9528856, "forward": 16772384, "backward": 38818336, "optimizer": 30404892, "rest": 21672728},
+        {"before": 9528856, "forward": 16772384, "backward": 38818336, "optimizer": 30404892, "rest": 21672728},
+        {"before": 9528856, "forward": 16772384, "backward": 38818336, "optimizer": 30400796, "rest": 21670680}],
+    "2 × 2 mesh": [
+        {"before": 9551912, "forward": 20898864, "backward": 31956016, "optimizer": 30497068, "rest": 21741864},
+        {"before": 9551912, "forward": 20898352, "backward": 31952944, "optimizer": 30497068, "rest": 21741864},
+        {"before": 9551912, "forward": 20898864, "backward": 31956016, "optimizer": 30497068, "rest": 21741864},
+        {"before": 9551912, "forward": 20898352, "backward": 31952944, "optimizer": 30492972, "rest": 21739816}]}
+
+
+def test_the_sharded_accounts_equal_the_launch_on_every_rank(memory_check) -> None:
+    """The account of each sharded rank (its padded shards, the root FSDP2 keeps gathered, the last block's
+    reduce-scatter input, the tied table's gradients, ...) equals the launch's bytes at every moment, and the shards
+    of the layout add up to the model: each parameter once over FSDP2's ranks, the ones tp leaves whole twice."""
+    ns = memory_check
+    for strategy, ranks in LAUNCH.items():
+        for rank, measured in enumerate(ranks):
+            ns["check_step"](strategy, measured, rank=rank)
+    whole = sum(v[0] for r in range(4) for v in ns["layout"]("FSDP2 + checkpointing", r).values())
+    unsplit = sum(math.prod(shape) for name, shape in ns["SHAPES_WIDE"].items() if name.split(".")[-2] not in ns["TP_CUT"])
+    assert whole == ns["P_wide"]
+    assert sum(v[0] for r in range(4) for v in ns["layout"]("2 × 2 mesh", r).values()) == ns["P_wide"] + unsplit
+
+
+@pytest.mark.parametrize("strategy", list(LAUNCH))
+def test_a_sharded_branch_keeping_one_more_activation_fails(memory_check, strategy) -> None:
+    """A sharded branch whose blocks keep one more activation each (the rank's tokens, d wide, split by tp), or one
+    block alone that does, fails the check on what forward kept; one kept through the peak fails it there too."""
+    ns = memory_check
+    one = 4 * ns["WINDOWS"][strategy] * ns["Tw"] * ns["dw"] // ns["TP"].get(strategy, 1)
+    for rank, measured in enumerate(LAUNCH[strategy]):
+        for more in (one, ns["Lw"] * one):
+            with pytest.raises(AssertionError, match="forward kept"):
+                ns["check_step"](strategy, {**measured, "forward": measured["forward"] + more}, rank=rank)
+        with pytest.raises(AssertionError, match="peak"):
+            ns["check_step"](strategy, {**measured, "backward": measured["backward"] + one}, rank=rank)
+
+
+@pytest.mark.parametrize("strategy", list(LAUNCH))
+def test_a_sharded_branch_holding_one_unsharded_copy_too_many_fails(memory_check, strategy) -> None:
+    """One unsharded copy too many fails the check where it is held: a block FSDP2 did not reshard after forward
+    (forward), one still gathered at the peak or an unsharded block gradient there (the peak), the root's table
+    gathered twice (forward), a whole copy of a block's weights left at rest (at rest)."""
+    ns = memory_check
+    for rank, measured in enumerate(LAUNCH[strategy]):
+        parts = ns["layout"](strategy, rank)
+        block = 4 * sum(v[2] for name, v in parts.items() if name.startswith("layers.0."))
+        table = 4 * parts["tok_embeddings.weight"][2]
+        for moment, extra, message in (("forward", block, "forward kept"), ("forward", table, "forward kept"),
+                                       ("backward", block, "peak"), ("rest", block, "at rest")):
+            with pytest.raises(AssertionError, match=message):
+                ns["check_step"](strategy, {**measured, moment: measured[moment] + extra}, rank=rank)
