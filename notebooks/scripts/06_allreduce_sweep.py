@@ -38,7 +38,7 @@ def timed(operation, tensor):
     return elapsed.item()
 
 sweeps = int(sys.argv[1]) if len(sys.argv) > 1 else 1   # the benchmark asks for more than one
-sizes = [2**k for k in range(10, 27)]                    # 1 KB ... 64 MB
+sizes = [2**k for k in range(10, 27)]                    # 1 KiB ... 64 MiB
 ring_sizes = sizes[::2]                                  # the hand-written ring: every other size
 results = {"sizes": sizes, "ring_sizes": ring_sizes, "builtin": [], "ring": []}
 for sweep in range(sweeps):                              # every timing is reported
