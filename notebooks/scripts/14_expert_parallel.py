@@ -38,7 +38,7 @@ with Collectives() as counted:
     for p in moe.router.parameters():       # the router's gradient: the four ranks' shares, added
         dist.all_reduce(p.grad)
 experts = range(rank * E // world, (rank + 1) * E // world)
-report(out=out, x_grad=x.grad, received=received, collectives=counted.seen,
+report(tokens=TOKENS, out=out, x_grad=x.grad, received=received, collectives=counted.seen,
        expert_grads={e: torch.cat([p.grad.flatten() for p in moe.experts[e].parameters()]) for e in experts},
        router_grad=torch.cat([p.grad.flatten() for p in moe.router.parameters()]) if rank == 0 else None)
 dist.destroy_process_group()

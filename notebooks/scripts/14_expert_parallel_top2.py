@@ -30,7 +30,7 @@ for p in moe.router.parameters():                  # the router's gradient: the 
 totals = torch.stack([loss.detach(), balance.detach()])
 dist.all_reduce(totals)                            # the batch's loss and balancing loss: the parts added
 experts = range(rank * E // world, (rank + 1) * E // world)
-report(out=out, x_grad=x.grad, loss=totals[0].item(), balance=totals[1].item(),
+report(setting=[TOKENS, FACTOR, ALPHA], out=out, x_grad=x.grad, loss=totals[0].item(), balance=totals[1].item(),
        kept=within_capacity(chosen, E, FACTOR), router_grad=[p.grad for p in moe.router.parameters()],
        expert_grads={e: [p.grad for p in moe.experts[e].parameters()] for e in experts})
 dist.destroy_process_group()

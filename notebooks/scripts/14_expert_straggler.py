@@ -52,6 +52,6 @@ for what, numbers in [("all-reduce", 2**k // 8) for k in (14, 16, 18, 20, 22)] +
         sync()
         times.append(time.perf_counter() - start)
     seconds[f"{what} {buffer.nbytes}"] = times[1:]
-report(**runs, seconds=seconds)
+report(**runs, seconds=seconds, setting=[TOKENS, TILT])
 dist.destroy_process_group()
 sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)

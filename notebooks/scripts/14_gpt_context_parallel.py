@@ -52,6 +52,7 @@ for model, (ring, attention, at) in zip(copies, (("lean", LeanRingAttention.appl
         dist.all_reduce(part)                                              # of the loss: added over the ranks
     runs[ring] = dict(loss=loss.item(), gaps=gaps(model), own_part=own_part, sent=meter.sent, kept=kept, peak=meter.peak,
                       left=meter.left)
-report(one_card_loss=one_card_loss.item(), **runs)
+report(one_card_loss=one_card_loss.item(), shape=[T, one_card.config.n_layer, one_card.config.n_head,
+       one_card.config.d_model // one_card.config.n_head], **runs)
 dist.destroy_process_group()
 sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)

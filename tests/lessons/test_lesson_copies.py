@@ -1,6 +1,8 @@
 """A lesson defines in its own cells what it teaches; where a script, a benchmark or a loader
 worker started by "spawn" needs the same definition importable, the package holds a copy.
-The two must not drift apart: a learner reads one and the course runs the other.
+The two must not drift apart: a learner reads one and the course runs the other. Where two
+lessons each teach a rule the other also uses (lesson 13's and 14's calculators), the two
+definitions must be the same too: the learner meets one rule, not two.
 """
 from __future__ import annotations
 
@@ -48,4 +50,18 @@ def notebook_definition(lesson: str, name: str) -> str:
 def test_the_package_copy_equals_the_lessons_definition(lesson: str, name: str, package_object: object) -> None:
     assert notebook_definition(lesson, name) == inspect.getsource(package_object).rstrip("\n"), (
         f"{name} in fourcard_helpers differs from the one {lesson} teaches: copy the notebook's cell into the package"
+    )
+
+
+LESSON_PAIRS = [  # (lesson, lesson, name): a rule two lessons each define and must keep the same
+    ("13_gpt_on_four_cards", "14_long_sequences_and_experts", "fsdp_pieces"),  # FSDP's whole pieces, both calculators
+    ("13_gpt_on_four_cards", "14_long_sequences_and_experts", "llama_parameters"),  # the models both calculators size
+]
+
+
+@pytest.mark.parametrize("first, second, name", LESSON_PAIRS, ids=lambda v: v)
+def test_two_lessons_define_the_rule_alike(first: str, second: str, name: str) -> None:
+    ours, theirs = notebook_definition(first, name), notebook_definition(second, name)
+    assert ours.startswith(f"def {name}(") and ours == theirs, (
+        f"{name} in {second} differs from the one {first} teaches: copy {first}'s cell into {second}"
     )
