@@ -23,6 +23,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 
@@ -85,14 +86,16 @@ def cannot_run_here(notebook: Path) -> str | None:
 
 # -- the kernel's side -------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def shell() -> "InteractiveShell":
+def shell() -> "Iterator[InteractiveShell]":
     """IPython's shell with the course's magics loaded (%%torchrun, %%solution): a fixture, which a test
-    module imports by this name."""
+    module imports by this name. The shell is IPython's one instance, so it is cleared after the module:
+    a later test that starts its own shell (as a kernel starts one) must not find the extension loaded."""
     from IPython.core.interactiveshell import InteractiveShell
 
     ip = InteractiveShell.instance()
     ip.run_line_magic("load_ext", "fourcard_helpers")
-    return ip
+    yield ip
+    InteractiveShell.clear_instance()
 
 
 # -- a script of ranks, launched by the course's launcher -------------------------------------------
