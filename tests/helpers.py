@@ -110,6 +110,13 @@ rank = dist.get_rank()
 """
 
 
+def write(tmp_path: Path, text: str, name: str) -> Path:
+    """A learner's answer file: what an exercise's check is given, written where the check reads it."""
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
 def script(tmp_path: Path, body: str, name: str = "job.py") -> Path:
     path = tmp_path / name
     path.write_text(INIT + textwrap.dedent(body))

@@ -10,15 +10,10 @@ import pytest
 
 from fourcard_helpers.exercises import expert_dispatch, ring_attention
 from fourcard_helpers.solutions import experts
+from helpers import write
 
 SKELETON = "import torch\nimport torch.distributed as dist\n\n\ndef ring_attention(q, k, v):\n" \
            "    # your code here\n    raise NotImplementedError\n"
-
-
-def write(tmp_path: Path, text: str, name: str) -> Path:
-    path = tmp_path / name
-    path.write_text(text, encoding="utf-8")
-    return path
 
 
 def test_ring_attention_skeleton_is_not_attempted_without_a_launch(tmp_path: Path) -> None:

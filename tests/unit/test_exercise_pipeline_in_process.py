@@ -3,21 +3,15 @@
 from __future__ import annotations
 
 import inspect
-from pathlib import Path
 
 import pytest
 
 from fourcard_helpers.exercises import pipeline
 from fourcard_helpers.solutions import pipeline as reference
+from helpers import write
 
 SKELETON = inspect.getsource(reference).replace('    """One training step',
                                                 '    raise NotImplementedError\n    """One training step')
-
-
-def write(tmp_path: Path, text: str, name: str) -> Path:
-    path = tmp_path / name
-    path.write_text(text, encoding="utf-8")
-    return path
 
 
 def test_cases_have_more_and_fewer_micro_batches_than_stages():

@@ -2,20 +2,13 @@
 ring (the launches: tests/process/test_exercise_ring.py)."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from fourcard_helpers.exercises import ring
+from helpers import write
 
 SKELETON = ("import torch\nimport torch.distributed as dist\n\n"
             "def ring_all_reduce(tensor):\n    # your code here\n    raise NotImplementedError\n")
-
-
-def write(tmp_path: Path, text: str, name: str) -> Path:
-    path = tmp_path / name
-    path.write_text(text, encoding="utf-8")
-    return path
 
 
 def test_lengths_include_uneven_and_shorter_than_the_ring():

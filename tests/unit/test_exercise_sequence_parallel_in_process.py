@@ -3,22 +3,16 @@ of ranks that does not divide the heads is refused (the launches: tests/process/
 from __future__ import annotations
 
 import inspect
-from pathlib import Path
 
 import pytest
 
 from fourcard_helpers import exercises
 from fourcard_helpers.exercises import sequence_parallel_block
 from fourcard_helpers.solutions import plans as reference
+from helpers import write
 
 SOLUTION = inspect.getsource(reference)
 SKELETON = SOLUTION.split("    parts, whole")[0] + "    raise NotImplementedError\n"
-
-
-def write(tmp_path: Path, text: str, name: str) -> Path:
-    path = tmp_path / name
-    path.write_text(text, encoding="utf-8")
-    return path
 
 
 def test_skeleton_is_not_attempted_without_a_launch(tmp_path):

@@ -4,23 +4,17 @@ tests/process/test_exercise_tensor_parallel.py)."""
 from __future__ import annotations
 
 import inspect
-from pathlib import Path
 
 import pytest
 
 from fourcard_helpers import exercises
 from fourcard_helpers.exercises import tensor_parallel
 from fourcard_helpers.solutions import tensor_parallel as reference
+from helpers import write
 
 SOLUTION = inspect.getsource(reference)
 SKELETON = SOLUTION.replace("        return F.linear(CopyToShards.apply(x), self.weight, self.bias)",
                             "        raise NotImplementedError")
-
-
-def write(tmp_path: Path, text: str, name: str) -> Path:
-    path = tmp_path / name
-    path.write_text(text, encoding="utf-8")
-    return path
 
 
 def test_skeleton_is_not_attempted_without_a_launch(tmp_path):
