@@ -578,6 +578,18 @@ def _call_name(node: ast.Call) -> str:
     return node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
 
 
+def _verdict_labels(node: ast.Call) -> list[ast.Subscript]:
+    """The labels a printed verdict looks up in a dictionary (`print(f"✓ {BUILT[build]}: ...")`): the
+    dictionary's values are what the line says, translated as a figure's labels are; other names in
+    the verdict are data the lesson computed (a setup's key from a launch, a number) and stay as they are."""
+    if not (_call_name(node) == "print" and node.args and any(
+            _constant_text(literal).startswith(VERDICTS) for literal in _literals_in(node.args[0]))):
+        return []
+    return [part.value for literal in _literals_in(node.args[0]) if isinstance(literal, ast.JoinedStr)
+            for part in literal.values if isinstance(part, ast.FormattedValue) and isinstance(part.value, ast.Subscript)
+            and isinstance(part.value.value, ast.Name) and part.value.value.id.isupper()]
+
+
 def _shown_names(node: ast.expr) -> list[ast.expr]:
     """The parts of a shown expression whose value the figure shows: names, and the calls that pass
     a value on (`list(kinds)`), followed through f-strings, conditionals and written lists."""
@@ -622,6 +634,8 @@ def shown_values(notebook: dict, own: dict[str, list[str]], beside: str) -> tupl
                         tracer.values(part, index)
                     if any(k.value is shown and k.arg == "options" for k in node.keywords):
                         tracer.values(shown, index)
+                for label in _verdict_labels(node):
+                    tracer.values(label, index)
     magic = "\n".join(source for source, tree in zip(sources, trees) if tree is None)
     passed, probes = _passed_on(trees, own)
     values, strings = set(), []

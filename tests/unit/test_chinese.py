@@ -101,13 +101,27 @@ def numbers(markdown: str) -> Counter[str]:
     return Counter(re.sub(r"(?<=\d),(?=\d{3})", "", number) for number in found)
 
 
+MATH = r"\$\$.*?\$\$|\$[^$\n]+\$"
+WORDS_IN_MATH = r"\\text\{[^{}]*\}"  # \text{effective batch}: words a formula writes, which a translation translates
+
+
+def math_skeleton(formula: str) -> str:
+    """A formula with the words of its \\text{...} left out: what a translation keeps, symbol for symbol."""
+    return re.sub(WORDS_IN_MATH, r"\\text{}", formula)
+
+
+def with_math_skeletons(markdown: str) -> str:
+    return re.sub(MATH, lambda found: math_skeleton(found.group(0)), markdown, flags=re.S)
+
+
 def kept_pieces(markdown: str) -> list[str]:
-    """What a translation copies as it is: inline code, fenced blocks, LaTeX, links' targets."""
+    """What a translation copies as it is: inline code, fenced blocks, LaTeX (but the words in its
+    \\text{...}: math_skeleton), links' targets."""
     pieces = re.findall(r"(?:```|~~~).*?(?:```|~~~)", markdown, flags=re.S)
     rest = re.sub(r"(?:```|~~~).*?(?:```|~~~)", " ", markdown, flags=re.S)
     inline = r"`(?:[^`\n]|\n(?!\n))+`"  # a code span may wrap onto the next line
     pieces += re.findall(inline, rest)
-    pieces += re.findall(r"\$\$.*?\$\$|\$[^$\n]+\$", re.sub(inline, " ", rest), flags=re.S)
+    pieces += map(math_skeleton, re.findall(MATH, re.sub(inline, " ", rest), flags=re.S))
     pieces += [target for target in re.findall(r"\]\(([^)]+)\)", rest) if not target.endswith(".md")]  # X.md may become X.zh.md
     return [re.sub(r"\s+", " ", piece) for piece in pieces]  # wrapped differently is kept all the same
 
@@ -130,7 +144,7 @@ ALL_CATALOGS = [translate.lesson_catalog(lesson) for lesson in LESSONS] + [
 def test_the_translation_keeps_code_numbers_and_headings(catalog: Path) -> None:
     wrong = []
     for where, english, chinese in translated_pairs(catalog):
-        lost = [piece for piece in kept_pieces(english) if piece not in re.sub(r"\s+", " ", chinese)]
+        lost = [piece for piece in kept_pieces(english) if piece not in re.sub(r"\s+", " ", with_math_skeletons(chinese))]
         if lost:
             wrong.append(f"{where}: lost {lost[:3]}")
         missing = sorted((numbers(english) - numbers(chinese)).elements())  # each as often as in the English
@@ -141,6 +155,16 @@ def test_the_translation_keeps_code_numbers_and_headings(catalog: Path) -> None:
         if english.count("\n|") != chinese.count("\n|"):
             wrong.append(f"{where}: a table lost or gained rows")
     assert not wrong, "\n".join(wrong)
+
+
+def test_a_formula_may_translate_its_words_and_keeps_every_symbol() -> None:
+    kept = kept_pieces(r"So $\text{effective batch} = \text{per-card batch} \times N$, and `n`.")
+    assert kept[1] == r"$\text{} = \text{} \times N$"
+    for chinese, keeps in ((r"$\text{有效批量} = \text{每卡批量} \times N$", True),
+                           (r"$\text{有效批量} = \text{每卡批量} \times M$", False),  # a symbol changed
+                           (r"$\text{有效批量} = \text{每卡批量} + N$", False),
+                           (r"$\text{有效批量} = \text{每卡批量} \times N \times 2$", False)):
+        assert (kept[1] in with_math_skeletons(chinese)) is keeps, chinese
 
 
 def glossary() -> list[tuple[list[str], str, list[str]]]:
@@ -519,6 +543,20 @@ def test_a_checks_description_is_found_and_translated_where_it_is_said() -> None
     chinese = translate.translated_code(source, {'f"rank {rank}\'s sum"': 'f"rank {rank} 的和"', '"the loss"': '"损失"'})
     assert check_descriptions(chinese) == ['f"rank {rank} 的和"', '"损失"', '"run section 2 first"']
     assert chinese.endswith('print(f"rank {rank} 的和", "the loss" == name)\n')  # the comparison keeps its word
+
+
+def test_a_verdicts_label_from_a_dictionary_is_its_cells_text_and_its_key_stays() -> None:
+    """`print(f"✓ {BUILT[build]}, ...")`: the dictionary's values are what the line says (translated in
+    the cell); its keys, which the launch reported, stay; a verdict's other placeholders are not followed."""
+    launch = '%%torchrun -n 2\nreport(w={"by hand, GPipe": 1})\nprint("by hand" if x else "traced")\n'
+    cell = ('BUILT = {"by hand": "by hand", "traced": "traced"}\nkinds = {"a": "plain words"}\n'
+            'for setup in library:\n    build, schedule = setup.split(", ")\n'
+            '    print(f"✓ {BUILT[build]}, {schedule}: {kinds[setup]} match")\n')
+    notebook = {"cells": [{"cell_type": "code", "source": [source]} for source in (launch, cell)]}
+    strings, values = translate.shown_values(notebook, {}, "")
+    assert sorted(literal.value for index, literal in strings if index == 1) == ["by hand", "traced"] and not values
+    chinese = translate.translated_code(cell, {'"by hand"': '"手动构建"', '"traced"': '"追踪构建"'})
+    assert chinese.startswith('BUILT = {"by hand": "手动构建", "traced": "追踪构建"}\n')
 
 
 TRACED = [lesson for lesson in LESSONS if lesson.stem not in translate.NOT_YET_TRACED]
