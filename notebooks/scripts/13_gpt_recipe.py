@@ -59,6 +59,6 @@ if args.save and rank == 0:                                     # one card's mod
     torch.nn.utils.vector_to_parameters(weights, (whole := GPT(config)).parameters())
     os.makedirs(args.save, exist_ok=True); torch.save(whole.to(torch.bfloat16).state_dict(), os.path.join(args.save, "model.pt"))
 report(**found, decayed=sorted(decay), split=split, groups=[(g["weight_decay"], len(g["params"])) for g in optimizer.param_groups],
-       max_norm=args.max_norm, weights=weights if rank == 0 and not args.save else None)
+       max_norm=args.max_norm, warmup=args.warmup, peak=optimizer.defaults["lr"], weights=weights if rank == 0 and not args.save else None)
 dist.destroy_process_group()
 sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
