@@ -309,7 +309,10 @@ def figure_literals(tree: ast.Module, own: dict[str, list[str]], verdicts: bool 
         if not isinstance(node, ast.Call):
             continue
         if verdicts:
-            found += [literal for text in check_descriptions(node) for literal in _literals_in(text)]
+            described = [literal for text in check_descriptions(node) for literal in _literals_in(text)]
+            found += described  # and the names it says (`f"...: {hint}"`): a name only said there is text too
+            shown += [part.value for literal in described if isinstance(literal, ast.JoinedStr) for part in literal.values
+                      if isinstance(part, ast.FormattedValue) and isinstance(part.value, ast.Name)]
         texts = _shown_arguments(node, own)
         shown += [text for text in texts if isinstance(text, ast.Name)]
         if verdicts and _call_name(node) == "print" and any(_constant_text(literal).startswith(VERDICTS)
@@ -322,9 +325,14 @@ def figure_literals(tree: ast.Module, own: dict[str, list[str]], verdicts: bool 
                 and isinstance(node.ctx, ast.Load)]
         if uses and all(any(use is text for text in shown) for use in uses):
             found += _literals_in(assign.value)
+    assigned = [node for node in ast.walk(tree) if isinstance(node, ast.Assign) and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name)]
+    written = {name: nodes[0].value for name in {node.targets[0].id for node in assigned}  # `cases = ((...), ...)`
+               for nodes in [[node for node in assigned if node.targets[0].id == name]]
+               if len(nodes) == 1 and isinstance(nodes[0].value, (ast.List, ast.Tuple))}
     for loop in (node for node in ast.walk(tree) if isinstance(node, ast.For)):
         used = [node for statement in loop.body for node in ast.walk(statement) if isinstance(node, ast.Name)]
-        for target, taken in _loop_rows(loop):
+        for target, taken in _loop_rows(loop, written):
             if any(target.id == name.id for name in used) and all(
                     any(name is text for text in shown) for name in used if name.id == target.id):
                 found += [literal for value in taken for literal in _literals_in(value)]
@@ -332,9 +340,10 @@ def figure_literals(tree: ast.Module, own: dict[str, list[str]], verdicts: bool 
     return sorted(words, key=lambda literal: (literal.lineno, literal.col_offset))
 
 
-def _loop_rows(loop: ast.For) -> list[tuple[ast.Name, list[ast.expr]]]:
+def _loop_rows(loop: ast.For, written: dict[str, ast.expr] | None = None) -> list[tuple[ast.Name, list[ast.expr]]]:
     """Each name a loop binds, with what it takes from the written tuples the loop goes over
-    (`for a, b in [(..., ...), ...]`, `for ax, (title, x) in zip(axes, ((..., ...), ...))`)."""
+    (`for a, b in [(..., ...), ...]`, `for ax, (title, x) in zip(axes, ((..., ...), ...))`, or a name
+    the cell binds once to such tuples, `written`)."""
     pairs: list[tuple[ast.Name, list[ast.expr]]] = []
     def bind(target: ast.expr, rows: list[ast.expr]) -> None:
         if isinstance(target, ast.Name):
@@ -343,8 +352,9 @@ def _loop_rows(loop: ast.For) -> list[tuple[ast.Name, list[ast.expr]]]:
             for n, each in enumerate(target.elts):
                 bind(each, [row.elts[n] for row in rows if isinstance(row, ast.Tuple) and len(row.elts) == len(target.elts)
                             and not any(isinstance(e, ast.Starred) for e in row.elts)])
-    if isinstance(loop.iter, (ast.List, ast.Tuple)) and isinstance(loop.target, ast.Tuple):
-        bind(loop.target, loop.iter.elts)
+    rows = (written or {}).get(loop.iter.id) if isinstance(loop.iter, ast.Name) else loop.iter
+    if isinstance(rows, (ast.List, ast.Tuple)) and isinstance(loop.target, ast.Tuple):
+        bind(loop.target, rows.elts)
     elif (isinstance(loop.iter, ast.Call) and _call_name(loop.iter) == "zip" and isinstance(loop.target, ast.Tuple)
           and len(loop.target.elts) == len(loop.iter.args)):
         for target, column in zip(loop.target.elts, loop.iter.args):
@@ -379,7 +389,7 @@ def _constant_text(literal: ast.expr) -> str:
 DATA = "data" + CODE  # msgctxt of a value translated in every code cell of the lesson
 # Lessons whose labels from data, printed verdicts, checks' descriptions and widgets' parameter names are not translated yet:
 # they stay English until their catalogs translate the entries that taking a name out of this set lists.
-NOT_YET_TRACED = {"13_gpt_on_four_cards", "14_long_sequences_and_experts"}
+NOT_YET_TRACED: set[str] = set()
 DISPLAY_CALLS = TEXT_METHODS | LABEL_METHODS | PLOTS_DATA | {
     "plot", "bar", "barh", "scatter", "loglog", "semilogx", "semilogy", "errorbar", "step", "fill_between",
     "axhline", "axvline", "hist", "stackplot", "set", "interact", "Dropdown", "ToggleButtons", "RadioButtons",

@@ -559,6 +559,17 @@ def test_a_verdicts_label_from_a_dictionary_is_its_cells_text_and_its_key_stays(
     assert chinese.startswith('BUILT = {"by hand": "手动构建", "traced": "追踪构建"}\n')
 
 
+def test_the_names_a_checks_verdict_says_are_text_where_the_cell_writes_them() -> None:
+    """`raise check.CheckFailed(f"{case}: ...; {hint}")`: a name said only in what a check finds off is text
+    where the cell writes it (`hint = "..."`), and so is a loop's name taken from tuples the cell wrote once
+    (`cases = (("toy", 1), ...)`); a name the cell also computes with (`k`) is not followed."""
+    source = ('cases = (("toy", 1), ("the poet", 2))\nfor case, k in cases:\n    hint = "draw among the k" if k else "no draw"\n'
+              '    raise check.CheckFailed(f"{case}: off by {k}; {hint}")\n')
+    found = [literal.value if isinstance(literal, ast.Constant) else "the verdict"
+             for literal in translate.figure_literals(ast.parse(source), {})]
+    assert found == ["toy", "the poet", "draw among the k", "no draw", "the verdict"]
+
+
 TRACED = [lesson for lesson in LESSONS if lesson.stem not in translate.NOT_YET_TRACED]
 
 

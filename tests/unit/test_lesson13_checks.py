@@ -241,7 +241,8 @@ def test_the_sharded_accounts_equal_the_launch_on_every_rank(memory_check) -> No
     ns = memory_check
     for strategy, ranks in LAUNCH.items():
         for rank, measured in enumerate(ranks):
-            ns["check_step"](strategy, measured, rank=rank)
+            a = ns["check_step"](strategy, measured, rank=rank)
+            assert measured["backward"] == sum(a["before"].values()) + sum(a["peak"].values())   # no allowance used
     whole = sum(v[0] for r in range(4) for v in ns["layout"]("FSDP2 + checkpointing", r).values())
     unsplit = sum(math.prod(shape) for name, shape in ns["SHAPES_WIDE"].items() if name.split(".")[-2] not in ns["TP_CUT"])
     assert whole == ns["P_wide"]
@@ -263,7 +264,7 @@ def test_a_sharded_branch_keeping_one_more_activation_fails(memory_check, strate
 
 
 @pytest.mark.parametrize("strategy", list(LAUNCH))
-def test_a_sharded_branch_holding_one_unsharded_copy_too_many_fails(memory_check, strategy) -> None:
+def test_a_sharded_branch_holding_unsharded_copies_too_many_fails(memory_check, strategy) -> None:
     """An unsharded copy too many fails the check where it is held: a block FSDP2 did not reshard after forward
     (forward), the root's table gathered twice (forward), a whole copy of a block's weights left at rest (at rest);
     at the peak, where one block-sized tensor more is what timing may leave (which tensor is not identified, so one
@@ -274,9 +275,21 @@ def test_a_sharded_branch_holding_one_unsharded_copy_too_many_fails(memory_check
         block = 4 * sum(v[2] for name, v in parts.items() if name.startswith("layers.0."))
         table = 4 * parts["tok_embeddings.weight"][2]
         one = 4 * ns["WINDOWS"][strategy] * ns["Tw"] * ns["dw"] // ns["TP"].get(strategy, 1)
-        ns["check_step"](strategy, {**measured, "backward": measured["backward"] + block}, rank=rank)   # timing
+        ns["check_step"](strategy, {**measured, "backward": measured["backward"] + block}, rank=rank)   # one rank: allowed
         for moment, extra, message in (("forward", block, "forward kept"), ("forward", table, "forward kept"),
                                        ("backward", 2 * block, "peak"), ("backward", block + one, "peak"),
                                        ("rest", block, "at rest")):
             with pytest.raises(AssertionError, match=message):
                 ns["check_step"](strategy, {**measured, moment: measured[moment] + extra}, rank=rank)
+
+
+@pytest.mark.parametrize("strategy", list(LAUNCH))
+def test_a_block_above_the_account_on_every_rank_fails(memory_check, strategy) -> None:
+    """The peak's allowance is one block on some ranks: an account that lacks its last block's reduce-scatter input
+    (or a block every rank left unsharded) puts all four ranks a block above it, which check_peaks_above fails."""
+    ns = memory_check
+    blocks = [4 * sum(v[2] for name, v in ns["layout"](strategy, r).items() if name.startswith("layers.0."))
+              for r in range(4)]
+    ns["check_peaks_above"](strategy, [0, blocks[1], 0, 0])
+    with pytest.raises(AssertionError, match="a term it lacks"):
+        ns["check_peaks_above"](strategy, blocks)
