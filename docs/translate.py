@@ -43,6 +43,7 @@ import re
 import subprocess
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -299,23 +300,22 @@ def check_descriptions(node: ast.Call) -> list[ast.expr]:
     return node.args[at:at + 1] + [keyword.value for keyword in node.keywords if keyword.arg == "what"]
 
 
-def figure_literals(tree: ast.Module, own: dict[str, list[str]], verdicts: bool = True) -> list[ast.expr]:
+def figure_literals(tree: ast.Module, own: dict[str, list[str]]) -> list[ast.expr]:
     """The literals of a cell that a figure or widget shows (the rules above), in the cell's order;
     and those of a loop over written tuples (`for curve, label in [(..., "1 card"), ...]`) at the
-    places whose name the loop only shows (`label=label`, and no `results[label]`); with the
-    verdicts, the descriptions an exercise's check gives (check_descriptions)."""
+    places whose name the loop only shows (`label=label`, and no `results[label]`); and the
+    descriptions an exercise's check gives (check_descriptions)."""
     found, shown = [], []
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
-        if verdicts:
-            described = [literal for text in check_descriptions(node) for literal in _literals_in(text)]
-            found += described  # and the names it says (`f"...: {hint}"`): a name only said there is text too
-            shown += [part.value for literal in described if isinstance(literal, ast.JoinedStr) for part in literal.values
-                      if isinstance(part, ast.FormattedValue) and isinstance(part.value, ast.Name)]
+        described = [literal for text in check_descriptions(node) for literal in _literals_in(text)]
+        found += described  # and the names it says (`f"...: {hint}"`): a name only said there is text too
+        shown += [part.value for literal in described if isinstance(literal, ast.JoinedStr) for part in literal.values
+                  if isinstance(part, ast.FormattedValue) and isinstance(part.value, ast.Name)]
         texts = _shown_arguments(node, own)
         shown += [text for text in texts if isinstance(text, ast.Name)]
-        if verdicts and _call_name(node) == "print" and any(_constant_text(literal).startswith(VERDICTS)
+        if _call_name(node) == "print" and any(_constant_text(literal).startswith(VERDICTS)
                                                for literal in _literals_in(node.args[0]) if node.args):
             texts = list(node.args)  # a verdict the lesson prints: the learner reads it as the lesson's text
         found += [literal for text in texts for literal in _literals_in(text)]
@@ -327,9 +327,9 @@ def figure_literals(tree: ast.Module, own: dict[str, list[str]], verdicts: bool 
             found += _literals_in(assign.value)
     assigned = [node for node in ast.walk(tree) if isinstance(node, ast.Assign) and len(node.targets) == 1
                 and isinstance(node.targets[0], ast.Name)]
-    written = {name: nodes[0].value for name in {node.targets[0].id for node in assigned}  # `cases = ((...), ...)`
-               for nodes in [[node for node in assigned if node.targets[0].id == name]]
-               if len(nodes) == 1 and isinstance(nodes[0].value, (ast.List, ast.Tuple))}
+    bindings = Counter(node.targets[0].id for node in assigned)
+    written = {node.targets[0].id: node.value for node in assigned  # `cases = ((...), ...)`, bound once
+               if bindings[node.targets[0].id] == 1 and isinstance(node.value, (ast.List, ast.Tuple))}
     for loop in (node for node in ast.walk(tree) if isinstance(node, ast.For)):
         used = [node for statement in loop.body for node in ast.walk(statement) if isinstance(node, ast.Name)]
         for target, taken in _loop_rows(loop, written):
@@ -387,9 +387,6 @@ def _constant_text(literal: ast.expr) -> str:
 # is translated in its own cell, where it is text, its keys kept; so is an f-string found so, as a
 # figure's literal is.
 DATA = "data" + CODE  # msgctxt of a value translated in every code cell of the lesson
-# Lessons whose labels from data, printed verdicts, checks' descriptions and widgets' parameter names are not translated yet:
-# they stay English until their catalogs translate the entries that taking a name out of this set lists.
-NOT_YET_TRACED: set[str] = set()
 DISPLAY_CALLS = TEXT_METHODS | LABEL_METHODS | PLOTS_DATA | {
     "plot", "bar", "barh", "scatter", "loglog", "semilogx", "semilogy", "errorbar", "step", "fill_between",
     "axhline", "axvline", "hist", "stackplot", "set", "interact", "Dropdown", "ToggleButtons", "RadioButtons",
@@ -739,8 +736,7 @@ def code_messages(lesson: Path) -> list[Message]:
     has no description (widget_names)."""
     notebook = read_notebook(lesson)
     own, messages = _text_parameters(notebook), []
-    traced = lesson.stem not in NOT_YET_TRACED
-    strings, values = shown_values(notebook, own, _read_beside()) if traced else ([], set())
+    strings, values = shown_values(notebook, own, _read_beside())
     first: dict[str, int] = {}
     for index, cell in enumerate(notebook["cells"]):
         source = "".join(cell["source"])
@@ -749,7 +745,7 @@ def code_messages(lesson: Path) -> list[Message]:
             continue
         for node in _plain_strings(tree):
             first.setdefault(node.value, index)
-        literals = figure_literals(tree, own, traced) + [literal for where, literal in strings if where == index]
+        literals = figure_literals(tree, own) + [literal for where, literal in strings if where == index]
         shown = {_segment(source, literal) for literal in literals}
         elsewhere = {source[start:end] for start, end in map(lambda literal: _segment(source, literal), _text_literals(tree))
                      if (start, end) not in shown}  # the same literal as data in this cell: left as it is
@@ -757,7 +753,7 @@ def code_messages(lesson: Path) -> list[Message]:
             literals, key=lambda literal: (literal.lineno, literal.col_offset))
             if not (isinstance(literal, ast.Constant) and literal.value in values)]
         texts = [text for text in texts if text not in elsewhere]
-        texts += [json.dumps(name, ensure_ascii=False) for name, _ in widget_names(tree)] if traced else []
+        texts += [json.dumps(name, ensure_ascii=False) for name, _ in widget_names(tree)]
         for text in texts:
             message = Message(cell["id"] + CODE, text, lesson.name, "code", index)
             if message not in messages:

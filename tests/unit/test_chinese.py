@@ -562,18 +562,16 @@ def test_a_verdicts_label_from_a_dictionary_is_its_cells_text_and_its_key_stays(
 def test_the_names_a_checks_verdict_says_are_text_where_the_cell_writes_them() -> None:
     """`raise check.CheckFailed(f"{case}: ...; {hint}")`: a name said only in what a check finds off is text
     where the cell writes it (`hint = "..."`), and so is a loop's name taken from tuples the cell wrote once
-    (`cases = (("toy", 1), ...)`); a name the cell also computes with (`k`) is not followed."""
-    source = ('cases = (("toy", 1), ("the poet", 2))\nfor case, k in cases:\n    hint = "draw among the k" if k else "no draw"\n'
-              '    raise check.CheckFailed(f"{case}: off by {k}; {hint}")\n')
+    (`cases = (("toy", 1), ...)`); a name the cell also computes with (`unit`) is not followed."""
+    source = ('cases = (("toy", 1), ("the poet", 2))\nunit = "draws"\nfor case, k in cases:\n'
+              '    hint = "draw among the k" if k else "no draw"\n'
+              '    raise check.CheckFailed(f"{case}: off by {k} {unit}, {len(unit)}; {hint}")\n')
     found = [literal.value if isinstance(literal, ast.Constant) else "the verdict"
              for literal in translate.figure_literals(ast.parse(source), {})]
     assert found == ["toy", "the poet", "draw among the k", "no draw", "the verdict"]
 
 
-TRACED = [lesson for lesson in LESSONS if lesson.stem not in translate.NOT_YET_TRACED]
-
-
-@pytest.mark.parametrize("lesson", TRACED, ids=lesson_ids(TRACED))
+@pytest.mark.parametrize("lesson", LESSONS, ids=lesson_ids(LESSONS))
 def test_what_an_exercises_check_says_is_off_is_chinese(lesson: Path) -> None:
     """A ✗ verdict starts with what the check compared (`check.equal(got, want, "ranks that reported")`)
     or what it found off (`check.CheckFailed("...")`): in the built Chinese lesson each is Chinese, or
