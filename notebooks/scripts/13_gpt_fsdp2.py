@@ -1,8 +1,8 @@
 """Lesson 13's GPT with FSDP2 on four cards: every block, then the whole model, sharded; every block recomputed in
-backward. Float32 against bf16 mixed precision (fp32 shards, bf16 compute, fp32 gradient reduction) and against
-float32 on other batches (the yardstick); float64 for 4 steps, to compare with one card; one step reducing in bf16.
-Reports the losses, the loss on a fixed batch after every step, the bytes of the model states each rank holds and their
-dtypes, the float64 weights, and the first step's gradient in float32 and float64."""
+backward. Float32 against bf16 mixed precision (fp32 shards, bf16 compute, fp32 gradient reduction) and against float32
+on other batches (the yardstick), 20 steps of 16 windows; section 3's first step in float32 and its 4 steps in float64,
+to compare with one card; one step reducing in bf16. Reports the losses, the loss on a fixed batch after every step,
+the bytes of the model states each rank holds and their dtypes, the float64 weights, and the checked first gradients."""
 import os, sys, torch, torch.distributed as dist, torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
@@ -10,7 +10,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from fourcard_helpers import detect, report
 from fourcard_helpers.gpt import GPT, Checkpointed, GPTConfig, get_batch, poem_tokens
 
-BATCH = 32
+BATCH, SMALL = 32, 16                     # section 3's batch; the 20-step runs' batch
 cards = detect(int(os.environ["WORLD_SIZE"]))
 dist.init_process_group(cards.backend)
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -20,15 +20,18 @@ if cards.kind == "cuda":
 mesh = init_device_mesh(cards.kind, (world,))
 tokens, chars = poem_tokens()
 config = GPTConfig(vocab_size=len(chars))
-mine = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
-fixed_x, fixed_y = get_batch(tokens, BATCH, config.block_size, torch.Generator().manual_seed(99))   # the same for every run
+quarter = slice(rank * SMALL // world, (rank + 1) * SMALL // world)
+fixed_x, fixed_y = get_batch(tokens, SMALL, config.block_size, torch.Generator().manual_seed(99))   # the same for every run
 MIXED = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+FULL, REDUCE_BF16 = MixedPrecisionPolicy(), MixedPrecisionPolicy(torch.bfloat16, torch.bfloat16)
 runs = {}
-for run, policy, dtype, data_seed, steps in (("float32", MixedPrecisionPolicy(), torch.float32, 0, 30),
-                                             ("bf16 mixed", MIXED, torch.float32, 0, 30),
-                                             ("float32, other batches", MixedPrecisionPolicy(), torch.float32, 1, 30),
-                                             ("bf16 reduce", MixedPrecisionPolicy(torch.bfloat16, torch.bfloat16), torch.float32, 0, 1),
-                                             ("float64", MixedPrecisionPolicy(), torch.float64, 0, 4)):
+for run, policy, dtype, data_seed, steps, batch in (("float32", FULL, torch.float32, 0, 20, SMALL),
+                                                    ("bf16 mixed", MIXED, torch.float32, 0, 20, SMALL),
+                                                    ("float32, other batches", FULL, torch.float32, 1, 20, SMALL),
+                                                    ("bf16 reduce", REDUCE_BF16, torch.float32, 0, 1, BATCH),
+                                                    ("float32, one step", FULL, torch.float32, 0, 1, BATCH),
+                                                    ("float64", FULL, torch.float64, 0, 4, BATCH)):
+    mine = slice(rank * batch // world, (rank + 1) * batch // world)
     torch.manual_seed(0)                                         # the same initial weights in every run
     model = GPT(config).to(device, dtype)
     model.layers = nn.ModuleList(Checkpointed(block) for block in model.layers)
@@ -38,10 +41,10 @@ for run, policy, dtype, data_seed, steps in (("float32", MixedPrecisionPolicy(),
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     data, losses, fixed = torch.Generator().manual_seed(data_seed), [], []
     for step in range(steps):
-        x, y = get_batch(tokens, BATCH, config.block_size, data)
+        x, y = get_batch(tokens, batch, config.block_size, data)
         _, loss = model(x[mine].to(device), y[mine].to(device))
         loss.backward()
-        if step == 0 and run in ("float32", "float64"):             # the first step's gradient, whole (every rank)
+        if step == 0 and run in ("float32, one step", "float64"):   # the first step's gradient, whole (every rank)
             first = torch.cat([p.grad.full_tensor().flatten().cpu() for p in model.parameters()])
         held = {"parameters": sum(p.to_local().nbytes for p in model.parameters()),   # this rank's shards
                 "gradients": sum(p.grad.to_local().nbytes for p in model.parameters())}
@@ -50,15 +53,15 @@ for run, policy, dtype, data_seed, steps in (("float32", MixedPrecisionPolicy(),
         optimizer.zero_grad()
         losses.append(loss.item())
         with torch.no_grad():                                    # the same windows for every run, loss in float32
-            logits, _ = model(fixed_x[mine].to(device))
-            fixed.append(F.cross_entropy(logits.float().flatten(0, 1), fixed_y[mine].flatten().to(device)).item())
+            logits, _ = model(fixed_x[quarter].to(device))
+            fixed.append(F.cross_entropy(logits.float().flatten(0, 1), fixed_y[quarter].flatten().to(device)).item())
         model.reshard()                                          # the root keeps its gathered weights after forward
     held["AdamW state"] = sum(s[k].to_local().nbytes for s in optimizer.state.values() for k in ("exp_avg", "exp_avg_sq"))
     weights = torch.cat([p.full_tensor().detach().flatten().cpu() for p in model.parameters()])   # every rank gathers
     runs[run] = {"losses": losses, "fixed": fixed, "held": held, "dtypes": dtypes,
                  "shards": sum(p.to_local().numel() for p in model.parameters()),
                  "weights": weights if run == "float64" and rank == 0 else None,
-                 "gradient": first if run in ("float32", "float64") and rank == 0 else None}
+                 "gradient": first if run in ("float32, one step", "float64") and rank == 0 else None}
 report(**runs)
 dist.destroy_process_group()
 sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
