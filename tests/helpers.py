@@ -117,6 +117,13 @@ def write(tmp_path: Path, text: str, name: str) -> Path:
     return path
 
 
+def mistake(reference: str, old: str, new: str) -> str:
+    """The reference answer with one change, `old` made `new`: a mistake an exercise's check must name.
+    `old` must occur in the reference exactly once, so that the mistake is the change the test names."""
+    assert reference.count(old) == 1, f"the reference has {reference.count(old)} copies of {old!r}, not one"
+    return reference.replace(old, new)
+
+
 def script(tmp_path: Path, body: str, name: str = "job.py") -> Path:
     path = tmp_path / name
     path.write_text(INIT + textwrap.dedent(body))

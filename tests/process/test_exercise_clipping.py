@@ -12,13 +12,9 @@ import pytest
 from fourcard_helpers.check import CheckFailed
 from fourcard_helpers.exercises import sharded_clip
 from fourcard_helpers.solutions import clipping
+from helpers import mistake
 
 SOLUTION = inspect.getsource(clipping)
-
-
-def mistake(old: str, new: str) -> str:
-    assert old in SOLUTION, old
-    return SOLUTION.replace(old, new)
 
 
 GATHERED = SOLUTION.replace('''    squares = torch.stack([shard.pow(2).sum() for shard in shards]).sum()  # this rank's part of the sum of squares
@@ -36,31 +32,31 @@ GATHERED = SOLUTION.replace('''    squares = torch.stack([shard.pow(2).sum() for
 ''')
 
 MISTAKES = {  # name: (the learner's file, what the check must say)
-    "own shard's norm": (mistake("    dist.all_reduce(squares, group=group)", "    pass"),
+    "own shard's norm": (mistake(SOLUTION, "    dist.all_reduce(squares, group=group)", "    pass"),
                          "Each factor is max_norm over the norm of that rank's own shards"),
-    "sum of norms": (mistake('''    squares = torch.stack([shard.pow(2).sum() for shard in shards]).sum()  # this rank's part of the sum of squares
+    "sum of norms": (mistake(SOLUTION, '''    squares = torch.stack([shard.pow(2).sum() for shard in shards]).sum()  # this rank's part of the sum of squares
     dist.all_reduce(squares, group=group)  # one number per rank: the whole gradient's sum of squares
     total = squares.sqrt()
 ''', '''    total = torch.stack([shard.pow(2).sum() for shard in shards]).sum().sqrt()  # this rank's norm
     dist.all_reduce(total, group=group)
 '''), "It is the sum of the ranks' own norms"),
     "gathered whole": (GATHERED, "the gradients were gathered to measure their norm"),
-    "not clamped": (mistake(".clamp(max=1.0)", ""), "clamp the factor to 1"),
-    "local norm returned": (mistake("    dist.all_reduce(squares, group=group)", "    mine = squares.sqrt()\n"
+    "not clamped": (mistake(SOLUTION, ".clamp(max=1.0)", ""), "clamp the factor to 1"),
+    "local norm returned": (mistake(SOLUTION, "    dist.all_reduce(squares, group=group)", "    mine = squares.sqrt()\n"
                                     "    dist.all_reduce(squares, group=group)").replace("    return total\n",
                                                                                       "    return mine\n"),
                             ", each the norm of its own shards"),
-    "no 1e-6": (mistake("(total + 1e-6)", "total"), "clip_grad_norm_ divides by norm + 1e-6"),
-    "a copy scaled": (mistake("    for shard in shards:\n        shard.mul_(factor)\n",
+    "no 1e-6": (mistake(SOLUTION, "(total + 1e-6)", "total"), "clip_grad_norm_ divides by norm + 1e-6"),
+    "a copy scaled": (mistake(SOLUTION, "    for shard in shards:\n        shard.mul_(factor)\n",
                               "    shards = [shard * factor for shard in shards]\n"),
                       "The shards passed in are unchanged: scale them in place"),
-    "list entries replaced": (mistake("    for shard in shards:\n        shard.mul_(factor)\n",
+    "list entries replaced": (mistake(SOLUTION, "    for shard in shards:\n        shard.mul_(factor)\n",
                                       "    for i, shard in enumerate(shards):\n        shards[i] = shard * factor\n"),
                               "The list's entries were replaced by new tensors"),
-    "float32 sum": (mistake("    squares = torch.stack([shard.pow(2).sum() for shard in shards]).sum()",
+    "float32 sum": (mistake(SOLUTION, "    squares = torch.stack([shard.pow(2).sum() for shard in shards]).sum()",
                             "    squares = torch.tensor([sum(float(shard.pow(2).sum()) for shard in shards)])"),
                     "The norm returned is a torch.float32 tensor"),
-    "squares averaged": (mistake("dist.all_reduce(squares, group=group)",
+    "squares averaged": (mistake(SOLUTION, "dist.all_reduce(squares, group=group)",
                                  "dist.all_reduce(squares, op=dist.ReduceOp.AVG, group=group)"),
                          "the squares were averaged over the ranks, not summed"),
 }

@@ -10,13 +10,11 @@ import pytest
 from fourcard_helpers.check import CheckFailed
 from fourcard_helpers.exercises import ring_attention
 from fourcard_helpers.solutions import attention
+from helpers import mistake, write
+
+ANSWER = "my_ring_attention.py"   # the file the learner's answer is in
 
 RING = inspect.getsource(attention)
-
-
-def mistake(text: str, old: str, new: str) -> str:
-    assert old in text, old
-    return text.replace(old, new)
 
 
 NOT_RESCALED = mistake(RING, "out = out * rescale + weights @ kv[1]", "out = out + weights @ kv[1]")
@@ -98,15 +96,9 @@ KEEPS_EVERY_REQUEST = mistake(KEEPS_EVERY_REQUEST, "lone send may wait\n",
                               "lone send may wait\n            kept.append(transfer)\n")
 
 
-def write(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "my_ring_attention.py"
-    path.write_text(text, encoding="utf-8")
-    return path
-
-
 @pytest.mark.slow
 def test_ring_attention_reference_passes_and_counts_the_blocks(tmp_path: Path) -> None:
-    verdict = ring_attention.check(write(tmp_path, RING), nproc=4)
+    verdict = ring_attention.check(write(tmp_path, RING, ANSWER), nproc=4)
     block = 2 * ring_attention.HEADS * ring_attention.BLOCK * ring_attention.HEAD_DIM * 8
     assert "all 4 ranks" in verdict and f"3 blocks of keys and values of {block:,} B" in verdict
     assert "at most 2 received blocks" in verdict
@@ -114,7 +106,7 @@ def test_ring_attention_reference_passes_and_counts_the_blocks(tmp_path: Path) -
 
 @pytest.mark.slow
 def test_ring_attention_passes_a_ring_that_replaces_its_requests_after_posting_the_next(tmp_path: Path) -> None:
-    verdict = ring_attention.check(write(tmp_path, TWO_MESSAGES), nproc=4)   # 4 ranks: the block before last was received
+    verdict = ring_attention.check(write(tmp_path, TWO_MESSAGES, ANSWER), nproc=4)   # 4 ranks: the block before last was received
     assert "all 4 ranks" in verdict and "at most 2 received blocks" in verdict
 
 
@@ -129,7 +121,7 @@ def test_ring_attention_passes_a_ring_that_replaces_its_requests_after_posting_t
 ], ids=["averaged", "not-rescaled", "skips-a-send", "gathered", "one-transfer-too-many", "keeps-every-request"])
 def test_ring_attention_names_each_mistake(tmp_path: Path, text: str, nproc: int, named: str) -> None:
     with pytest.raises(CheckFailed, match=named) as failure:   # a short time limit where the ring is meant to wait
-        ring_attention.check(write(tmp_path, text), nproc=nproc, seconds=3.0 if text is SKIPS_A_SEND else 10.0)
+        ring_attention.check(write(tmp_path, text, ANSWER), nproc=nproc, seconds=3.0 if text is SKIPS_A_SEND else 10.0)
     print(failure.value)
 
 
@@ -154,7 +146,7 @@ ALL_AT_HOME = "import torch\nimport torch.distributed as dist\n\n\ndef expert_di
 
 @pytest.mark.slow
 def test_expert_dispatch_reference_passes_and_weighs_the_rows_that_leave(tmp_path: Path) -> None:
-    verdict = expert_dispatch.check(write(tmp_path, DISPATCH), nproc=4)
+    verdict = expert_dispatch.check(write(tmp_path, DISPATCH, ANSWER), nproc=4)
     assert "all 4 ranks" in verdict and "rank 0, 48 B of counts" in verdict   # 3 other cards × 2 experts × 8 B
 
 
@@ -168,6 +160,6 @@ def test_expert_dispatch_reference_passes_and_weighs_the_rows_that_leave(tmp_pat
 ], ids=["no-counts", "wrong-order", "wrong-dimension", "skips-the-counts", "all-at-home"])
 def test_expert_dispatch_names_each_mistake(tmp_path: Path, text: str, named: str) -> None:
     with pytest.raises(CheckFailed, match=named) as failure:
-        expert_dispatch.check(write(tmp_path, text), nproc=2,
+        expert_dispatch.check(write(tmp_path, text, ANSWER), nproc=2,
                               seconds=3.0 if text in (NO_COUNTS, SKIPS_THE_COUNTS) else 10.0)
     print(failure.value)

@@ -10,29 +10,21 @@ import pytest
 from fourcard_helpers.check import CheckFailed
 from fourcard_helpers.exercises import pipeline
 from fourcard_helpers.solutions import pipeline as reference
+from helpers import mistake, write
+
+ANSWER = "my_pipeline.py"   # the file the learner's answer is in
 
 SOLUTION = inspect.getsource(reference)
 
 
-def changed(old: str, new: str) -> str:
-    assert SOLUTION.count(old) == 1, old   # the mistake is the reference with this one change
-    return SOLUTION.replace(old, new)
-
-
-GPIPE = changed("    warmup = min(world - 1 - rank, micro_batches)", "    warmup = micro_batches")
-UNSCALED = changed("y = loss_fn(y, ts[i]) / micro_batches", "y = loss_fn(y, ts[i])")
-SKIPPED_SEND = changed("        return None if first else x.grad ", "        return None if first or i == micro_batches - 1 else x.grad ")
-
-
-def write(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "my_pipeline.py"
-    path.write_text(text, encoding="utf-8")
-    return path
+GPIPE = mistake(SOLUTION, "    warmup = min(world - 1 - rank, micro_batches)", "    warmup = micro_batches")
+UNSCALED = mistake(SOLUTION, "y = loss_fn(y, ts[i]) / micro_batches", "y = loss_fn(y, ts[i])")
+SKIPPED_SEND = mistake(SOLUTION, "        return None if first else x.grad ", "        return None if first or i == micro_batches - 1 else x.grad ")
 
 
 @pytest.mark.slow
 def test_reference_passes_in_1f1b_order(tmp_path):
-    verdict = pipeline.check(write(tmp_path, SOLUTION), nproc=4)
+    verdict = pipeline.check(write(tmp_path, SOLUTION, ANSWER), nproc=4)
     assert "at most [4, 3, 2, 1] micro-batches' activations" in verdict
 
 
@@ -44,5 +36,5 @@ def test_reference_passes_in_1f1b_order(tmp_path):
 ], ids=["gpipe-order", "not-scaled", "skipped-send"])
 def test_each_mistake_is_named(tmp_path, text, named):
     with pytest.raises(CheckFailed, match=named.replace("(", r"\(").replace(")", r"\)")) as failure:
-        pipeline.check(write(tmp_path, text), nproc=2, seconds=3.0)
+        pipeline.check(write(tmp_path, text, ANSWER), nproc=2, seconds=3.0)
     print(failure.value)

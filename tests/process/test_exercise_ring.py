@@ -10,6 +10,9 @@ import pytest
 from fourcard_helpers.check import CheckFailed
 from fourcard_helpers.exercises import ring
 from fourcard_helpers.solutions import ring as reference
+from helpers import write
+
+ANSWER = "my_ring.py"   # the file the learner's answer is in
 
 HEADER = "import torch\nimport torch.distributed as dist\n\n"
 SOLUTION = inspect.getsource(reference)
@@ -92,12 +95,6 @@ def ring_all_reduce(tensor):
 BUILT_IN = HEADER + "def ring_all_reduce(tensor):\n    dist.all_reduce(tensor)\n    return tensor\n"
 
 
-def write(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "my_ring.py"
-    path.write_text(text, encoding="utf-8")
-    return path
-
-
 def test_the_mistakes_change_the_reference():
     # each mistake file is the reference with one change (or a different program): the replacements took
     for text in (EVEN_CHUNKS, REDUCE_SCATTER_ONLY, AVERAGE):
@@ -106,7 +103,7 @@ def test_the_mistakes_change_the_reference():
 
 @pytest.mark.slow
 def test_reference_passes_and_counts_the_ring_bytes(tmp_path):
-    verdict = ring.check(write(tmp_path, SOLUTION), nproc=4)
+    verdict = ring.check(write(tmp_path, SOLUTION, ANSWER), nproc=4)
     assert "1.500–1.500 × the tensor" in verdict and "4 ranks" in verdict
 
 
@@ -124,5 +121,5 @@ def test_reference_passes_and_counts_the_ring_bytes(tmp_path):
         "pairwise"])
 def test_each_mistake_is_named(tmp_path, text, nproc, named):
     with pytest.raises(CheckFailed, match=named.replace("(", r"\(").replace("[", r"\[")) as failure:
-        ring.check(write(tmp_path, text), nproc=nproc, seconds=3.0)
+        ring.check(write(tmp_path, text, ANSWER), nproc=nproc, seconds=3.0)
     print(failure.value)

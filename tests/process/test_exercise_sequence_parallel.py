@@ -11,20 +11,18 @@ import pytest
 from fourcard_helpers.check import CheckFailed
 from fourcard_helpers.exercises import sequence_parallel_block
 from fourcard_helpers.solutions import plans as reference
+from helpers import mistake, write
+
+ANSWER = "my_block_plan.py"   # the file the learner's answer is in
 
 SOLUTION = inspect.getsource(reference)
 
 
-def changed(old: str, new: str) -> str:
-    assert SOLUTION.count(old) == 1, old   # the mistake is the reference with this one change
-    return SOLUTION.replace(old, new)
-
-
-NO_SEQUENCE_PARALLEL_NORMS = changed('        "attention_norm": SequenceParallel(),   # each card normalises its part '
+NO_SEQUENCE_PARALLEL_NORMS = mistake(SOLUTION, '        "attention_norm": SequenceParallel(),   # each card normalises its part '
                                      'of the positions\n        "mlp_norm": SequenceParallel(),\n', "")
-ROW_PLANNED_AS_COLUMN = changed('"attention.wo": RowwiseParallel(output_layouts=Shard(1)),', '"attention.wo": ColwiseParallel(),')
+ROW_PLANNED_AS_COLUMN = mistake(SOLUTION, '"attention.wo": RowwiseParallel(output_layouts=Shard(1)),', '"attention.wo": ColwiseParallel(),')
 WHOLE_SEQUENCE_OUT = SOLUTION.replace("RowwiseParallel(output_layouts=Shard(1))", "RowwiseParallel()")
-NO_GATHER_BEFORE_ATTENTION = changed(
+NO_GATHER_BEFORE_ATTENTION = mistake(SOLUTION, 
     '        "attention": PrepareModuleInput(input_layouts=parts, desired_input_layouts=whole),   # one all-gather\n', "")
 INPUT_DECLARED_WHOLE = (SOLUTION.replace("PrepareModuleInput(input_layouts=parts,", "PrepareModuleInput(input_layouts=whole,")
                         .replace("SequenceParallel(),", "SequenceParallel(use_local_output=True),"))   # plain parts
@@ -52,15 +50,9 @@ LOCAL_NORMS_IN_A_LOOP = IMPORTS + """def block_plan():   # the norms hand on pla
 """
 
 
-def write(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "my_block_plan.py"
-    path.write_text(text, encoding="utf-8")
-    return path
-
-
 @pytest.mark.slow
 def test_reference_passes_with_one_gather_and_one_scatter_per_sub_layer(tmp_path):
-    verdict = sequence_parallel_block.check(write(tmp_path, SOLUTION), nproc=2)
+    verdict = sequence_parallel_block.check(write(tmp_path, SOLUTION, ANSWER), nproc=2)
     assert "equal one card's in float64" in verdict
     assert "6 all_gather_into_tensor, 1 all_reduce, 4 reduce_scatter_tensor in forward" in verdict
 
@@ -68,7 +60,7 @@ def test_reference_passes_with_one_gather_and_one_scatter_per_sub_layer(tmp_path
 @pytest.mark.slow
 @pytest.mark.parametrize("text", [EXPLICIT_LAYOUTS, LOCAL_NORMS_IN_A_LOOP], ids=["explicit-layouts", "local-norms"])
 def test_other_right_plans_pass(tmp_path, text):
-    verdict = sequence_parallel_block.check(write(tmp_path, text), nproc=2)
+    verdict = sequence_parallel_block.check(write(tmp_path, text, ANSWER), nproc=2)
     assert "5 all_gather_into_tensor, 5 reduce_scatter_tensor in backward" in verdict
 
 
@@ -86,5 +78,5 @@ def test_other_right_plans_pass(tmp_path, text):
         "input-declared-whole"])
 def test_each_mistake_is_named(tmp_path, text, named):
     with pytest.raises(CheckFailed) as failure:
-        sequence_parallel_block.check(write(tmp_path, text), nproc=2)
+        sequence_parallel_block.check(write(tmp_path, text, ANSWER), nproc=2)
     assert named in str(failure.value), str(failure.value)

@@ -10,34 +10,26 @@ import pytest
 from fourcard_helpers.check import CheckFailed
 from fourcard_helpers.exercises import tensor_parallel
 from fourcard_helpers.solutions import tensor_parallel as reference
+from helpers import mistake, write
+
+ANSWER = "my_tensor_parallel.py"   # the file the learner's answer is in
 
 SOLUTION = inspect.getsource(reference)
 
 
-def changed(old: str, new: str) -> str:
-    assert SOLUTION.count(old) == 1, old   # the mistake is the reference with this one change
-    return SOLUTION.replace(old, new)
-
-
-BOTH_DIRECTIONS = changed("    def backward(ctx, grad):\n        return grad\n",
+BOTH_DIRECTIONS = mistake(SOLUTION, "    def backward(ctx, grad):\n        return grad\n",
                           "    def backward(ctx, grad):\n        grad = grad.contiguous()\n"
                           "        dist.all_reduce(grad)\n        return grad\n")
-NO_BACKWARD_REDUCE = changed("        grad = grad.contiguous()\n        dist.all_reduce(grad)\n        return grad\n",
+NO_BACKWARD_REDUCE = mistake(SOLUTION, "        grad = grad.contiguous()\n        dist.all_reduce(grad)\n        return grad\n",
                              "        return grad\n")
-WRONG_DIMENSION = changed("dense.weight.detach().chunk(world, dim=0)[rank]", "dense.weight.detach().chunk(world, dim=1)[rank]")
-BIAS_ON_EVERY_RANK = changed("return ReduceFromShards.apply(F.linear(x_slice, self.weight)) + self.bias",
+WRONG_DIMENSION = mistake(SOLUTION, "dense.weight.detach().chunk(world, dim=0)[rank]", "dense.weight.detach().chunk(world, dim=1)[rank]")
+BIAS_ON_EVERY_RANK = mistake(SOLUTION, "return ReduceFromShards.apply(F.linear(x_slice, self.weight)) + self.bias",
                              "return ReduceFromShards.apply(F.linear(x_slice, self.weight, self.bias))")
-
-
-def write(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "my_tensor_parallel.py"
-    path.write_text(text, encoding="utf-8")
-    return path
 
 
 @pytest.mark.slow
 def test_reference_passes_with_one_all_reduce_each_way(tmp_path):
-    verdict = tensor_parallel.check(write(tmp_path, SOLUTION), nproc=4)
+    verdict = tensor_parallel.check(write(tmp_path, SOLUTION, ANSWER), nproc=4)
     assert "one all_reduce of 5 × 12 numbers forward and one backward" in verdict
 
 
@@ -50,5 +42,5 @@ def test_reference_passes_with_one_all_reduce_each_way(tmp_path):
 ], ids=["all-reduce-both-ways", "no-backward-all-reduce", "wrong-dimension", "bias-on-every-rank"])
 def test_each_mistake_is_named(tmp_path, text, named):
     with pytest.raises(CheckFailed, match=named.replace("(", r"\(").replace(")", r"\)")) as failure:
-        tensor_parallel.check(write(tmp_path, text), nproc=2)
+        tensor_parallel.check(write(tmp_path, text, ANSWER), nproc=2)
     print(failure.value)

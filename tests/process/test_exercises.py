@@ -16,28 +16,19 @@ from fourcard_helpers import exercises
 from fourcard_helpers.check import CheckFailed
 from fourcard_helpers.exercises import harness
 from fourcard_helpers.solutions import ddp, sharding
+from helpers import mistake, write
 
 HEADER = "import contextlib\n\nimport torch\nimport torch.distributed as dist\nfrom torch import nn\n\n\n"
 OVERLAPPED = HEADER + inspect.getsource(ddp._unused) + "\n\n" + inspect.getsource(ddp.OverlappedDDP)
 BUCKETED = HEADER + inspect.getsource(ddp._unused) + "\n\n" + inspect.getsource(ddp.BucketedDDP)
 SHARDED = HEADER + inspect.getsource(sharding.ShardedOptimizer)
 FSDP = HEADER + inspect.getsource(sharding._Gather) + "\n\n" + inspect.getsource(sharding.HandFSDP)
-
-
-def mistake(text: str, old: str, new: str) -> str:
-    assert old in text, old
-    return text.replace(old, new)
-
-
-def write(tmp_path: Path, text: str, name: str = "answer.py") -> Path:
-    path = tmp_path / name
-    path.write_text(text, encoding="utf-8")
-    return path
+ANSWER = "answer.py"   # the file the learner's answer is in
 
 
 def diagnosis(tmp_path: Path, exercise: str, text: str) -> str:
     with pytest.raises(CheckFailed) as failure:
-        exercises.run(exercise, write(tmp_path, text), nproc=2)
+        exercises.run(exercise, write(tmp_path, text, ANSWER), nproc=2)
     return str(failure.value)
 
 
@@ -85,7 +76,7 @@ def test_overlapped_ddp_names_the_mistake(tmp_path: Path, case: str) -> None:
         synced = mistake(OVERLAPPED, "    def forward(self, *args, **kwargs):\n",
                          "    def forward(self, *args, **kwargs):\n        for b in self.module.buffers():\n"
                          "            dist.broadcast(b, src=0)\n")
-        assert "6 all-reduces per step" in exercises.run("overlapped-ddp", write(tmp_path, synced), nproc=2)
+        assert "6 all-reduces per step" in exercises.run("overlapped-ddp", write(tmp_path, synced, ANSWER), nproc=2)
         return
     wrong, said = {
         "no broadcast": (mistake(OVERLAPPED, "            dist.broadcast(tensor.data, src=0)", "            pass"),
@@ -121,7 +112,7 @@ def test_a_rank_that_skips_a_collective_is_named_at_the_time_limit(tmp_path: Pat
 
 @pytest.mark.slow
 def test_bucketed_ddp_passes_and_counts_its_messages(tmp_path: Path) -> None:
-    assert "2 all-reduces per step of [195, 84] numbers" in exercises.run("bucketed-ddp", write(tmp_path, BUCKETED),
+    assert "2 all-reduces per step of [195, 84] numbers" in exercises.run("bucketed-ddp", write(tmp_path, BUCKETED, ANSWER),
                                                                          nproc=2)
     per_parameter = mistake(BUCKETED, "            if size >= cap:", "            if size > 0:")
     assert "one all-reduce per parameter" in diagnosis(tmp_path, "bucketed-ddp", per_parameter)
@@ -165,7 +156,7 @@ FLAT_ZERO = HEADER + """class ShardedOptimizer(torch.optim.Optimizer):
 @pytest.mark.parametrize("case", ["right", "flat slices", "everything", "all on rank 0"])
 def test_the_sharded_optimizer_passes_and_weighs_each_ranks_state(tmp_path: Path, case: str) -> None:
     if case in ("right", "flat slices"):  # each parameter's state on one rank; or equal padded slices of groups
-        verdict = exercises.run("sharded-optimizer", write(tmp_path, SHARDED if case == "right" else FLAT_ZERO),
+        verdict = exercises.run("sharded-optimizer", write(tmp_path, SHARDED if case == "right" else FLAT_ZERO, ANSWER),
                                 nproc=2)
         assert ("[288, 270], 558 together (one card: 558)" if case == "right" else
                 "[280, 280], 560 together (one card: 558)") in verdict, verdict
@@ -188,7 +179,7 @@ def test_hand_fsdp_passes_and_names_the_mistake(tmp_path: Path, case: str) -> No
                         "                weight = sub.__dict__.pop(name)\n                if _sharded:\n"
                         "                    sub.__dict__['_unsharded_' + name] = weight\n"
                         "                    weight.untyped_storage().resize_(0)\n")
-        verdict = exercises.run("hand-fsdp", write(tmp_path, FSDP if case == "right" else freed), nproc=2)
+        verdict = exercises.run("hand-fsdp", write(tmp_path, FSDP if case == "right" else freed, ANSWER), nproc=2)
         assert "648 bytes" in verdict and "the Linear weights gathered again in backward" in verdict, verdict
         return
     wrong, said = {
