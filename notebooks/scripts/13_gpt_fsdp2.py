@@ -1,8 +1,7 @@
-"""Lesson 13's GPT with FSDP2 on four cards: every block, then the whole model, sharded; every block recomputed in
-backward. Float32 against bf16 mixed precision (fp32 shards, bf16 compute, fp32 gradient reduction) and against float32
-on other batches (the yardstick), 20 steps of 16 windows; section 3's first step in float32 and its 4 steps in float64,
-to compare with one card; one step reducing in bf16. Reports the losses, the loss on a fixed batch after every step,
-the bytes of the model states each rank holds and their dtypes, the float64 weights, and the checked first gradients."""
+"""Lesson 13's GPT with FSDP2 on four cards, every block then the whole model sharded, every block recomputed in backward:
+float32 against bf16 mixed precision (fp32 shards, bf16 compute, fp32 gradient reduction) and against float32 on other
+batches (the yardstick), 20 steps of 16 windows; section 3's first step in float32 and its 4 steps in float64, to compare
+with one card; one step reducing in bf16. Reports losses, fixed-batch losses, held bytes and dtypes, weights, gradients."""
 import os, sys, torch, torch.distributed as dist, torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
@@ -15,8 +14,7 @@ cards = detect(int(os.environ["WORLD_SIZE"]))
 dist.init_process_group(cards.backend)
 rank, world = dist.get_rank(), dist.get_world_size()
 device = cards.device(int(os.environ["LOCAL_RANK"]))
-if cards.kind == "cuda":
-    torch.cuda.set_device(device)
+if cards.kind == "cuda": torch.cuda.set_device(device)
 mesh = init_device_mesh(cards.kind, (world,))
 tokens, chars = poem_tokens()
 config = GPTConfig(vocab_size=len(chars))
