@@ -18,17 +18,17 @@ if cards.kind == "cuda": torch.cuda.set_device(device)
 mesh = init_device_mesh(cards.kind, (world,))
 tokens, chars = poem_tokens()
 config = GPTConfig(vocab_size=len(chars))
-quarter = slice(rank * SMALL // world, (rank + 1) * SMALL // world)
+quarter = slice(rank * SMALL // world, (rank + 1) * SMALL // world)   # this rank's part of the fixed batch
 fixed_x, fixed_y = get_batch(tokens, SMALL, config.block_size, torch.Generator().manual_seed(99))   # the same for every run
 MIXED = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-FULL, REDUCE_BF16 = MixedPrecisionPolicy(), MixedPrecisionPolicy(torch.bfloat16, torch.bfloat16)
+AS_IS, REDUCE_BF16 = MixedPrecisionPolicy(), MixedPrecisionPolicy(torch.bfloat16, torch.bfloat16)   # AS_IS: no cast
 runs = {}
-for run, policy, dtype, data_seed, steps, batch in (("float32", FULL, torch.float32, 0, 20, SMALL),
+for run, policy, dtype, data_seed, steps, batch in (("float32", AS_IS, torch.float32, 0, 20, SMALL),
                                                     ("bf16 mixed", MIXED, torch.float32, 0, 20, SMALL),
-                                                    ("float32, other batches", FULL, torch.float32, 1, 20, SMALL),
+                                                    ("float32, other batches", AS_IS, torch.float32, 1, 20, SMALL),
                                                     ("bf16 reduce", REDUCE_BF16, torch.float32, 0, 1, BATCH),
-                                                    ("float32, one step", FULL, torch.float32, 0, 1, BATCH),
-                                                    ("float64", FULL, torch.float64, 0, 4, BATCH)):
+                                                    ("float32, one step", AS_IS, torch.float32, 0, 1, BATCH),
+                                                    ("float64", AS_IS, torch.float64, 0, 4, BATCH)):
     mine = slice(rank * batch // world, (rank + 1) * batch // world)
     torch.manual_seed(0)                                         # the same initial weights in every run
     model = GPT(config).to(device, dtype)
