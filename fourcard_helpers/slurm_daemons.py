@@ -20,7 +20,7 @@ from .rundir import SLURM_CONF_ENV
 from .slurm_cluster import (DEFAULT_DIR, INSTALL_HINT, MARK_ENV, Cluster, ClusterError, is_ours, job_processes,
                             missing_programs, program, read_state, save_state, state_file)
 from .slurm_conf import KILL_WAIT, PARTITION, gpu_files, gpu_shares, write_conf
-from .slurm_jobids import claim_job_ids, machine_lock, release_job_ids, shared_dir
+from .slurm_jobids import SHARED_DIR, claim_job_ids, machine_lock, release_job_ids
 from .slurm_network import in_node, make_network, network_names, remove_network
 
 IDLE_TIMEOUT = 60.0  # bounds only a node that never comes up; the wait itself ends on `sinfo` saying idle
@@ -97,9 +97,11 @@ def _memory_mb() -> int:
 def _munge_dir() -> Path:
     """A folder for munge's socket that munged accepts without --force: every folder above the socket must
     let everyone through (execute permission), as its clients, whoever they are, must reach it to ask for a
-    credential, which names them. A learner's home is often closed to others (0700, 0750), so the socket
-    lives in the shared folder; its key and everything else stay in the cluster's folder, the learner's alone."""
-    made = Path(tempfile.mkdtemp(prefix="munge-", dir=shared_dir()))
+    credential, which names them, and be owned by root or by whoever runs munged. A learner's home is often
+    closed to others (0700, 0750), and the shared folder belongs to the first user who made it, so the socket
+    lives in a folder of its own in /tmp itself (root's, sticky); its key and everything else stay in the
+    cluster's folder, the learner's alone."""
+    made = Path(tempfile.mkdtemp(prefix="fourcards-munge-", dir=SHARED_DIR.parent))
     made.chmod(0o711)
     return made
 

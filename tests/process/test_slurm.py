@@ -62,7 +62,7 @@ def _nothing_left(folder: Path, pids: dict[str, int], munge_dir: Path | None = N
     assert marked_processes(MARK_ENV, str(folder)) == []
     assert not (folder / "cluster.json").exists()
     assert list((folder / "run").glob("*")) == []
-    assert munge_dir is None or not munge_dir.exists()  # munge's socket, in the shared folder, is gone
+    assert munge_dir is None or not munge_dir.exists()  # munge's socket, in /tmp, is gone
     assert str(folder) not in _claimed_blocks()  # its job ids are free for the next cluster
 
 
@@ -83,6 +83,8 @@ def test_up_runs_a_two_node_job_and_down_leaves_nothing(tmp_path):
             name: {"0100007F"} for name in cluster.pids if name != "munged"}  # 127.0.0.1, not 0.0.0.0
         assert command_line(cluster.pids["munged"]) and "--force" not in command_line(cluster.pids["munged"])
         assert (cluster.munge_dir.stat().st_mode & 0o7777, (cluster.dir / "munge" / "munge.key").stat().st_mode & 0o777) == (0o711, 0o400)
+        # munged refuses a socket below a folder of another user's (the shared folder is whoever made it first)
+        assert {p.stat().st_uid for p in cluster.munge_dir.parents} <= {0, os.geteuid()}
         job = tmp_path / "job.sh"
         job.write_text(textwrap.dedent("""\
             #!/bin/bash
