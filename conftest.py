@@ -44,7 +44,17 @@ def pytest_runtest_setup(item: pytest.Item):
         os.environ["FOURCARDS_LANG"] = ENGLISH
 
 
+# The practice cluster's tests mostly wait, on SLURM's timers (its shortest time limit is a minute) and on jobs
+# that sleep by design: first in their tier, they wait while the lessons' runs under another rounding, started
+# in the background (tests/lessons/conftest.py), keep the cores busy. Last in it, they waited on idle cores.
+WAITS_MOST = "tests/process/test_slurm.py"
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    process = [index for index, item in enumerate(items) if item.nodeid.startswith("tests/process/")]
+    if process:
+        tier = items[process[0]:process[-1] + 1]
+        items[process[0]:process[-1] + 1] = sorted(tier, key=lambda item: not item.nodeid.startswith(WAITS_MOST))
     for item in items:
         if type(item).__name__ == "IPyNbCell":  # a notebook cell that nbval runs: a whole lesson, top to bottom
             item.add_marker(pytest.mark.slow)
