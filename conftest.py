@@ -61,11 +61,10 @@ def waits_most(item: pytest.Item) -> bool:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    process = [index for index, item in enumerate(items) if item.nodeid.startswith("tests/process/")]
-    if process:
+    if any(item.nodeid.startswith("tests/process/") for item in items):
         waiting = [item for item in items if waits_most(item)]
         rest = [item for item in items if not waits_most(item)]
-        first = rest.index(items[process[0]])
+        first = next((index for index, item in enumerate(rest) if item.nodeid.startswith("tests/process/")), len(rest))
         items[:] = rest[:first] + waiting + rest[first:]
     for item in items:
         if type(item).__name__ == "IPyNbCell":  # a notebook cell that nbval runs: a whole lesson, top to bottom
