@@ -26,7 +26,8 @@ SHARED_DIR = Path("/tmp/fourcards-slurm")
 
 
 def shared_dir() -> Path:
-    """The folder every user's practice clusters meet in: the machine lock, the job-id claims, munge's sockets.
+    """The folder every user's practice clusters meet in: the machine lock and the job-id claims (munge's sockets
+    live beside it in /tmp: munged refuses a folder another user owns, and this one is whoever made it first).
     A fixed place, not $TMPDIR (which each user may set apart), open to all as /tmp is (sticky: each removes
     only their own files)."""
     try:
