@@ -129,7 +129,8 @@ class GPT(nn.Module):
 
 class Checkpointed(nn.Module):
     """Activation checkpointing of one block: forward keeps only the block's input; backward runs the block again
-    to get back what it needs. Memory for time: one more forward pass of the block, none of its activations kept."""
+    to get back what it needs, up to the last tensor backward uses (the last product, w2, does not run again).
+    Memory for time: most of one more forward pass of the block, none of its activations kept."""
 
     def __init__(self, block: nn.Module) -> None:
         super().__init__()
