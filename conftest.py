@@ -13,7 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from fourcard_helpers.rundir import LANG_ENV  # standard library only: pytest's start-up loads no torch
 from helpers import CHINESE_NBVAL, cannot_run_here  # tests/helpers.py (pyproject.toml puts tests/ on the path)
+
+pytest_plugins = ["pytester"]  # tests/unit/test_unit_tier.py runs its conftest on tests of its own
 
 # nbval runs the Chinese lessons named in CHINESE_NBVAL again (tests/helpers.py says why those two)
 collect_ignore = [str(path.relative_to(Path(__file__).parent))
@@ -24,7 +27,7 @@ collect_ignore = [str(path.relative_to(Path(__file__).parent))
 # themselves). A Chinese notebook chooses Chinese itself, which the setting would override: nbval's
 # kernel for it starts without the setting (pytest_runtest_setup).
 ENGLISH = "en"
-os.environ["FOURCARDS_LANG"] = ENGLISH
+os.environ[LANG_ENV] = ENGLISH
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -37,11 +40,11 @@ def pytest_runtest_setup(item: pytest.Item):
     if not chinese:
         yield
         return
-    os.environ.pop("FOURCARDS_LANG", None)
+    os.environ.pop(LANG_ENV, None)
     try:
         yield
     finally:
-        os.environ["FOURCARDS_LANG"] = ENGLISH
+        os.environ[LANG_ENV] = ENGLISH
 
 
 # What mostly waits, or leaves a core idle, runs first in the process tier, while the lessons' runs under another

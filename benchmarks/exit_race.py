@@ -32,6 +32,8 @@ from pathlib import Path
 
 import torch
 
+from fourcard_helpers.rundir import GLOO_INTERFACE_ENV, THREADS_ENV
+
 SCRIPT = """
 import os, sys, torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -57,7 +59,7 @@ def spin() -> None:  # a busy process: one core's worth of load
 
 def launch(script: Path, ending: str) -> tuple[bool, bool]:
     """(failed, aborted with gloo's exit race) for one plain four-rank launch."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    env = {**os.environ, THREADS_ENV: "1", GLOO_INTERFACE_ENV: "lo"}
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4",
                            str(script), ending], env=env, capture_output=True, text=True, timeout=300)
     text = done.stdout + done.stderr
@@ -87,6 +89,7 @@ def main() -> None:
     finally:
         for proc in busy:
             proc.terminate()
+            proc.join()
     if args.json:
         args.json.write_text(json.dumps({
             "command": "python benchmarks/exit_race.py " + " ".join(sys.argv[1:]),

@@ -26,6 +26,7 @@ from pathlib import Path
 from IPython.core.interactiveshell import InteractiveShell
 
 from fourcard_helpers.launch import torchrun
+from fourcard_helpers.rundir import THREADS_ENV
 
 SCRIPT = """
 import torch, torch.distributed as dist
@@ -51,7 +52,7 @@ def main() -> int:
     bare_command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4", str(script)]
 
     def bare() -> None:
-        subprocess.run(bare_command, check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        subprocess.run(bare_command, check=True, capture_output=True, env={**os.environ, THREADS_ENV: "1"})
 
     def function() -> None:
         torchrun(script, nproc=4, echo=False)

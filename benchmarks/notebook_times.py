@@ -23,15 +23,20 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
+from fourcard_helpers.rundir import GLOO_INTERFACE_ENV, THREADS_ENV
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 BARE_LAUNCH = """
-import os, sys, torch.distributed as dist
+import torch.distributed as dist
+
+from fourcard_helpers import exit_without_teardown
+
 dist.init_process_group("gloo")
 dist.barrier()
 dist.destroy_process_group()
-sys.stdout.flush(); os._exit(0)
+exit_without_teardown()
 """
 
 
@@ -39,7 +44,7 @@ def bare_launch_seconds(folder: Path, times: int = 3) -> float:
     """The median wall time of a bare four-rank torchrun launch on simulated cards."""
     script = folder / "bare_launch.py"
     script.write_text(BARE_LAUNCH)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    env = {**os.environ, THREADS_ENV: "1", GLOO_INTERFACE_ENV: "lo"}
     seconds = []
     for _ in range(times):
         started = time.perf_counter()

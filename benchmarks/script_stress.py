@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from helpers import run_with_plain_torchrun, shipped_launches  # noqa: E402  (the tests' own launch)
+from fourcard_helpers.rundir import THREADS_ENV  # noqa: E402
 
 SIGNATURES = (  # (what it is called here, text that marks it in the launch's output)
     ("exit abort", "terminate called without an active exception"),
@@ -87,7 +88,7 @@ def main() -> None:
     missing = sorted(f"{NEEDS[script]} (for {script})" for script in chosen if NEEDS.get(script, script) not in chosen)
     if missing:
         parser.error("-k leaves out what a selected script reads: " + ", ".join(missing) + "; widen -k")
-    env = {"OMP_NUM_THREADS": str(args.threads)}
+    env = {THREADS_ENV: str(args.threads)}
     busy = [multiprocessing.Process(target=spin, daemon=True) for _ in range(args.busy)]
     for proc in busy:
         proc.start()
@@ -115,6 +116,7 @@ def main() -> None:
     finally:
         for proc in busy:
             proc.terminate()
+            proc.join()
     total = sum(result["failures"] for result in results.values())
     print(f"{total} failures in {len(results) * args.runs} launches, {time.time() - started:.0f} s", flush=True)
     if args.json:

@@ -49,6 +49,8 @@ from pathlib import Path
 
 import polib
 
+from fourcard_helpers.rundir import LANG_ENV
+
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
 CHINESE_NOTEBOOKS = NOTEBOOKS / "zh"
@@ -1037,7 +1039,7 @@ def run(names: list[str]) -> None:
     if unknown:
         raise SystemExit(f"no lesson called {', '.join(sorted(unknown))}")
     link_shared_files()
-    environment = {name: value for name, value in os.environ.items() if name != "FOURCARDS_LANG"}
+    environment = {name: value for name, value in os.environ.items() if name != LANG_ENV}
     for lesson in chosen:
         path, notebook = CHINESE_NOTEBOOKS / lesson.name, chinese_lesson(lesson)
         before = path.read_text(encoding="utf-8") if path.exists() else None

@@ -21,6 +21,8 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
+from .language import _
+
 GB = 1e9  # nccl-tests reports GB/s with 1 GB = 10**9 bytes
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "fp16": 2, "float16": 2, "bf16": 2, "bfloat16": 2, "fp64": 8, "float64": 8}
 
@@ -32,7 +34,8 @@ def dtype_bytes(dtype: object) -> int:
         return itemsize
     name = str(dtype).removeprefix("torch.").lower()
     if name not in DTYPE_BYTES:
-        raise ValueError(f"unknown dtype {dtype!r}: use one of {', '.join(sorted(DTYPE_BYTES))} or a torch.dtype")
+        raise ValueError(_("unknown dtype {dtype}: use one of {names} or a torch.dtype").format(
+            dtype=repr(dtype), names=", ".join(sorted(DTYPE_BYTES))))
     return DTYPE_BYTES[name]
 
 
@@ -49,7 +52,8 @@ def _dtype_name(dtype: object) -> str:
     """"fp32", "bf16", "fp16" or "fp64" for a dtype given as a name or a torch.dtype."""
     name = str(dtype).removeprefix("torch.").lower()
     if name not in _CANONICAL:
-        raise ValueError(f"unknown dtype {dtype!r}: use one of {', '.join(sorted(_CANONICAL))} or a torch.dtype")
+        raise ValueError(_("unknown dtype {dtype}: use one of {names} or a torch.dtype").format(
+            dtype=repr(dtype), names=", ".join(sorted(_CANONICAL))))
     return _CANONICAL[name]
 
 
@@ -73,17 +77,17 @@ def gradient_dtype(strategy: str, parameters: object = "fp32", compute: object |
     """
     if strategy == "DDP":
         if reduce_dtype is not None:
-            raise ValueError("DDP has no reduce_dtype: a compression hook (compress_hook=\"bf16\") changes what it sends")
+            raise ValueError(_("DDP has no reduce_dtype: a compression hook (compress_hook=\"bf16\") changes what it sends"))
         if compress_hook is None:
             return _dtype_name(parameters)
         if compress_hook not in ("bf16", "fp16"):
-            raise ValueError(f"compress_hook must be None, \"bf16\" or \"fp16\", not {compress_hook!r}")
+            raise ValueError(_("compress_hook must be None, \"bf16\" or \"fp16\", not {hook}").format(hook=repr(compress_hook)))
         return compress_hook
     if strategy == "FSDP":
         if compress_hook is not None:
-            raise ValueError("FSDP2 has no compression hook: MixedPrecisionPolicy(reduce_dtype=...) sets what it sends")
+            raise ValueError(_("FSDP2 has no compression hook: MixedPrecisionPolicy(reduce_dtype=...) sets what it sends"))
         return _dtype_name(reduce_dtype if reduce_dtype is not None else compute if compute is not None else parameters)
-    raise ValueError(f"strategy must be \"DDP\" or \"FSDP\", not {strategy!r}")
+    raise ValueError(_("strategy must be \"DDP\" or \"FSDP\", not {strategy}").format(strategy=repr(strategy)))
 
 
 def ring_all_reduce_bytes(nbytes: float, n: int) -> float:
@@ -151,7 +155,7 @@ def bus_bandwidth(nbytes: float, seconds: float, n: int) -> float:
 
 def _check_n(n: int) -> None:
     if n < 1:
-        raise ValueError(f"the number of cards must be at least 1, got {n}")
+        raise ValueError(_("the number of cards must be at least 1, got {n}").format(n=n))
 
 
 def _minimise_convex(function: Callable[[float], float], low: float, high: float, steps: int = 100) -> float:
@@ -237,7 +241,7 @@ class AlphaBeta:
         """
         points = [(float(s), float(t)) for s, t in zip(sizes, seconds)]
         if len(points) < 2 or any(t <= 0 for _, t in points):
-            raise ValueError("fit needs at least two points with positive times")
+            raise ValueError(_("fit needs at least two points with positive times"))
         if worst_case:
             return cls._fit_worst_case(points)
         # Rows [1/t, s/t] · [alpha, beta] ≈ 1: solve the 2×2 normal equations.

@@ -43,7 +43,8 @@ from .cards import Cards, detect
 from .diagnose import Ending, LaunchError, diagnose
 from .doctor import examine
 from .language import _
-from .lifecycle import FAIL_FAST_SECONDS, POLL_SECONDS, KernelPipe, carries, environment, free_ports, marked_processes, stop
+from .lifecycle import (GRACE_SECONDS, POLL_SECONDS, FailFast, KernelPipe, free_ports, leftover_processes, marked_processes,
+                        rank_pids, running_ranks, stop)
 from .reporting import REPO_ROOT, shorten_paths
 from .rundir import (CELL, DEVICE_ENV, DOCTOR, DOCTOR_ENV, ERROR, GLOO_INTERFACE_ENV, INIT_BARRIER_ENV, LABEL_ENV,
                      LAUNCHER_ENV, MPL_BACKEND_ENV, OWN_STORE_ENV, PYTHONPATH_ENV, RENAMED, RUN_DIR_ENV, STDERR, STDOUT,
@@ -77,35 +78,6 @@ class LaunchResult:
         said = _("reports from ranks {ranks}").format(ranks=ranks) if ranks else _("no reports")
         return _("<LaunchResult: {nproc} ranks ok in {seconds} s, {said}>").format(
             nproc=self.nproc, seconds=f"{self.seconds:.1f}", said=said)
-
-
-def leftover_processes(launcher_pid: int | None = None) -> list[int]:
-    """Pids of torchrun or rank processes that launches from this process (or from the
-    process `launcher_pid`, such as a kernel a test drives) left running.
-
-    Always empty after a launch returns, fails or is interrupted; lessons and tests assert it.
-    """
-    return marked_processes(LAUNCHER_ENV, str(launcher_pid or os.getpid()))
-
-
-def rank_pids(launcher_pid: int | None = None) -> dict[int, int]:
-    """{global rank: pid} of the rank processes that launches from this process run now.
-
-    What `py-spy dump --pid` and `kill -USR1` need to look inside a launch while it waits (lesson 12):
-    each running launch's run folder (named in the environment of its processes, `leftover_processes()`)
-    records every rank's pid (rundir.py), and a recorded pid counts while its process still carries
-    that folder's name."""
-    folders = {env.get(RUN_DIR_ENV) for pid in leftover_processes(launcher_pid) if (env := environment(pid))}
-    ranks = {}
-    for folder in sorted(filter(None, folders)):
-        ranks.update(_running_ranks(RunDir(folder)))
-    return dict(sorted(ranks.items()))
-
-
-def _running_ranks(run: RunDir) -> dict[int, int]:
-    """{rank: pid} of the ranks of the launch in `run` that still run: a pid from the records, while
-    its process carries the launch's folder (after it ended, the number may be another process's)."""
-    return {rank: pid for rank, pid in run.pids().items() if carries(pid, RUN_DIR_ENV, str(run.path))}
 
 
 def _loopback_interface() -> str | None:
@@ -246,7 +218,7 @@ class _Launch:
         if self.echo:
             cores = os.cpu_count() or 1
             sharing = (_("; OMP_NUM_THREADS={threads} per rank ({cores} CPU cores shared)").format(
-                threads=self.env["OMP_NUM_THREADS"], cores=cores) if self.cards.kind == "cpu" else "")
+                threads=self.env[THREADS_ENV], cores=cores) if self.cards.kind == "cpu" else "")
             nodes = (_(" ({nnodes} nodes × {per_node}, one torchrun agent each)").format(
                 nnodes=self.nnodes, per_node=per_node) if self.nnodes > 1 else "")
             print(_("torchrun: {nproc} ranks{nodes} on {cards}{sharing}").format(
@@ -283,15 +255,13 @@ class _Launch:
         """Forward the ranks' output until the launch is over: FINISHED (every agent exited),
         FAILED (a rank raised, or an agent failed, and the partners had FAIL_FAST_SECONDS to
         end, since they may sit in a collective forever) or TIMED_OUT."""
-        first_error: float | None = None
+        fail_fast = FailFast()
         while any(proc.poll() is None for proc in self.procs):
             self.pump()
             now = time.monotonic()
             if now - self.started > timeout:
                 return Over.TIMED_OUT
-            if first_error is None and ((self.run.ranks(ERROR) and not self.max_restarts) or self.returncode()):
-                first_error = now
-            if first_error is not None and now - first_error > FAIL_FAST_SECONDS:
+            if fail_fast.expired(lambda: bool((self.run.ranks(ERROR) and not self.max_restarts) or self.returncode()), now):
                 return Over.FAILED
             time.sleep(POLL_SECONDS)
         return Over.FINISHED
@@ -311,10 +281,12 @@ class _Launch:
 
     def stop(self) -> None:
         """Stop every agent and rank (lifecycle.py's sequence); ranks live in sessions of their own,
-        found from their pid records."""
-        stop(self.procs, lambda: list(_running_ranks(self.run).values()))
-        for reader in self.readers:
-            reader.join(timeout=1)
+        found from their pid records, and, for a rank stopped before it wrote its record, from the
+        launch's folder in its environment."""
+        stop(self.procs, lambda: sorted(set(running_ranks(self.run).values())
+                                        | set(marked_processes(RUN_DIR_ENV, str(self.run.path)))))
+        for reader in self.readers:  # each ends at its agent's end of output, which the stop just brought
+            reader.join(timeout=GRACE_SECONDS)
 
     def explain(self, how: Over, timeout: float) -> LaunchResult:
         """The result of a launch that is over, or the LaunchError that explains its failure."""

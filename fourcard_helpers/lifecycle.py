@@ -20,7 +20,9 @@ interrupted, the kernel restarts or is killed), none of them may stay behind. Th
   `marked_processes` finds what is left, whatever its group.
 * **One stop sequence** (`stop`): SIGTERM to each group (torchrun passes it on to its ranks), or to
   each process given by pid (the practice cluster's daemons), a grace period, SIGKILL; then SIGKILL
-  to every marked process still there (ranks in sessions of their own), and a wait until none is.
+  to every straggler the caller lists (a launch: its ranks, in sessions of their own, from the run
+  folder's pid records and from the folder's name in their environment), again at each new listing,
+  until none is left.
 * **One process table.** Whether a process runs, its environment, its children, which processes
   carry a mark: read from /proc here and nowhere else in the course, so that every part (the
   launcher, the warm session, the agent, the practice SLURM cluster, the tests) sees the same facts.
@@ -44,7 +46,7 @@ import time
 from pathlib import Path
 from typing import IO, Callable, Iterable, Mapping, Union
 
-from .rundir import WATCH_FD_ENV
+from .rundir import LAUNCHER_ENV, RUN_DIR_ENV, WATCH_FD_ENV, RunDir
 
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
@@ -72,6 +74,20 @@ rank on a busy machine, is the rule, and the launcher's 5 s is raised to it. Not
 longest a learner waits for the traceback of a rank whose partners hang."""
 
 Target = Union[subprocess.Popen, int]
+
+
+class FailFast:
+    """The fail-fast rule, one for a launch and for a warm session's cell: from the moment a failure is
+    first seen, the partners get FAIL_FAST_SECONDS to end on their own, and no longer."""
+
+    def __init__(self) -> None:
+        self.first: float | None = None
+
+    def expired(self, failed: Callable[[], bool], now: float) -> bool:
+        """Whether the partners' time is up at `now`; `failed()` is asked only until it first says yes."""
+        if self.first is None and failed():
+            self.first = now
+        return self.first is not None and now - self.first > FAIL_FAST_SECONDS
 
 
 def die_with_parent(signum: int = signal.SIGKILL) -> bool:
@@ -103,10 +119,8 @@ class KernelPipe:
         self.child_end, self.kernel_end = os.pipe()
 
     def start(self, command: list[str], env: dict[str, str], output: int | IO[bytes]) -> subprocess.Popen[bytes]:
-        """Start `command` as the root of a tree: a session of its own, watching this pipe."""
-        return subprocess.Popen(
-            command, env={**env, WATCH_FD_ENV: str(self.child_end)}, pass_fds=(self.child_end,),
-            stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+        """Start `command` as the root of a tree (`start_session`), watching this pipe."""
+        return start_session(command, {**env, WATCH_FD_ENV: str(self.child_end)}, output, pass_fds=(self.child_end,))
 
     def started(self) -> None:
         """Every root has its copy of the read end: ours would keep the pipe open after the kernel died."""
@@ -270,7 +284,47 @@ def _tcp_table(pid: int) -> list[list[str]]:
     return rows
 
 
+# -- what the notebook started (its mark), and its ranks (their run folders' records) --------------
+def leftover_processes(launcher_pid: int | None = None) -> list[int]:
+    """Pids of torchrun or rank processes that launches from this process (or from the
+    process `launcher_pid`, such as a kernel a test drives) left running.
+
+    Always empty after a launch returns, fails or is interrupted; lessons and tests assert it.
+    """
+    return marked_processes(LAUNCHER_ENV, str(launcher_pid or os.getpid()))
+
+
+def rank_pids(launcher_pid: int | None = None) -> dict[int, int]:
+    """{global rank: pid} of the rank processes that launches from this process run now.
+
+    What `py-spy dump --pid` and `kill -USR1` need to look inside a launch while it waits (lesson 12):
+    each running launch's (or warm session's) run folder, named in the environment of its processes
+    (`leftover_processes()`), records every rank's pid (rundir.py), and a recorded pid counts while its
+    process still carries that folder's name."""
+    folders = {env.get(RUN_DIR_ENV) for pid in leftover_processes(launcher_pid) if (env := environment(pid))}
+    ranks = {}
+    for folder in sorted(filter(None, folders)):
+        ranks.update(running_ranks(RunDir(folder)))
+    return dict(sorted(ranks.items()))
+
+
+def running_ranks(run: RunDir) -> dict[int, int]:
+    """{rank: pid} of the ranks of the launch in `run` that still run: a pid from the records, while
+    its process carries the launch's folder (after it ended, the number may be another process's)."""
+    return {rank: pid for rank, pid in run.pids().items() if carries(pid, RUN_DIR_ENV, str(run.path))}
+
+
 # -- starting, waiting, stopping ---------------------------------------------------------------------
+def start_session(command: list[str], env: Mapping[str, str], output: int | IO[bytes],
+                  pass_fds: tuple[int, ...] = ()) -> subprocess.Popen[bytes]:
+    """The one way the course starts what it will stop: `command` in a session (process group) of its
+    own, so that `stop` can signal it whole and the terminal's or kernel's Ctrl-C is not its; no
+    input; its output and errors together into `output`. A tree's root (`KernelPipe.start`) and the
+    practice cluster's daemons start so."""
+    return subprocess.Popen(command, env=dict(env), pass_fds=pass_fds, stdin=subprocess.DEVNULL, stdout=output,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+
 def free_ports(count: int = 1) -> list[int]:
     """Ports nothing listens on now on 127.0.0.1 (the kernel picks them, above 1024: no root needed).
     For what must be told its port before it starts (several torchrun agents, SLURM's daemons);
@@ -283,6 +337,17 @@ def free_ports(count: int = 1) -> list[int]:
     finally:
         for probe in sockets:
             probe.close()
+
+
+def group_alive(group: int) -> bool:
+    """Whether any process of the process group `group` is still there (one not yet collected too)."""
+    try:
+        os.killpg(group, 0)  # signal 0 only asks
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # there, but not ours to signal
+        return True
+    return True
 
 
 def quiet_kill(pid: int, signum: int, group: bool = False) -> None:
@@ -366,4 +431,4 @@ def stop(targets: Iterable[Target], stragglers: Callable[[], list[int]] = list, 
     while (left := stragglers()) and time.monotonic() < deadline:
         for pid in left:  # killed again, or for the first time: a process that had only just started can be
             quiet_kill(pid, signal.SIGKILL)  # missing from the first listing (its environment not yet readable)
-        time.sleep(0.02)
+        time.sleep(POLL_SECONDS)

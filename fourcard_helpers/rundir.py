@@ -62,7 +62,7 @@ RENAMED = {RUN_DIR_ENV: "FOURCARD_RUN_DIR", LABEL_ENV: "FOURCARD_SCRIPT_LABEL", 
            DEVICE_ENV: "FOURCARD_DEVICE"}
 
 # Other programs' variables the course sets for what it starts, or reads.
-RANK_ENV, LOCAL_RANK_ENV = "RANK", "LOCAL_RANK"  # torchrun's, in every rank
+RANK_ENV, LOCAL_RANK_ENV, WORLD_SIZE_ENV = "RANK", "LOCAL_RANK", "WORLD_SIZE"  # torchrun's, in every rank
 # torchrun's agent shares its rendezvous TCP store with the ranks; after an elastic restart, gloo launches here
 # did not all come back with it (benchmarks/restart_store.py; for NCCL see pytorch/pytorch#135712). With this
 # set, each round of the rendezvous gives the ranks a store of their own.
@@ -75,6 +75,7 @@ THREADS_ENV, UNBUFFERED_ENV, MPL_BACKEND_ENV = "OMP_NUM_THREADS", "PYTHONUNBUFFE
 GLOO_INTERFACE_ENV, VISIBLE_GPUS_ENV, PYTHONPATH_ENV = "GLOO_SOCKET_IFNAME", "CUDA_VISIBLE_DEVICES", "PYTHONPATH"
 IPYTHONDIR_ENV = "IPYTHONDIR"  # a warm session's engines
 SLURM_CONF_ENV = "SLURM_CONF"  # which practice cluster SLURM's commands speak to
+PATH_ENV = "PATH"  # where programs are found: SLURM's daemons live in sbin, which an ordinary user's may lack
 
 PID, STDOUT, STDERR, REPORT, ERROR, CRASH, DONE, EXIT, DOCTOR = (
     "pid", "stdout", "stderr", "report", "error", "crash", "done", "exit", "doctor")

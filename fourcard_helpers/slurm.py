@@ -42,13 +42,13 @@ from pathlib import Path
 
 from .language import _
 from .rundir import SLURM_CONF_ENV
-from .slurm_cluster import DEFAULT_DIR, INSTALL_HINT, MARK_ENV, Cluster, ClusterError, missing_programs
+from .slurm_cluster import DEFAULT_DIR, INSTALL_HINT, Cluster, ClusterError, missing_programs
 from .slurm_daemons import down, status, up
 from .slurm_guard import practice_cluster, run_guard
 from .slurm_jobids import claimed_blocks
 
 __all__ = ["Cluster", "ClusterError", "practice_cluster", "up", "down", "status", "missing_programs",
-           "INSTALL_HINT", "MARK_ENV", "claimed_blocks"]
+           "INSTALL_HINT", "claimed_blocks"]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,10 +16,9 @@ from pathlib import Path
 
 from .language import N_, _
 from .lifecycle import carries, command_line, descendants, pids as all_pids
-from .rundir import SLURM_CONF_ENV, SLURM_ENV
+from .rundir import PATH_ENV, SLURM_CONF_ENV, SLURM_ENV
 
 DEFAULT_DIR = Path.home() / ".fourcards" / "slurm"
-MARK_ENV = SLURM_ENV  # every daemon carries it (value: the cluster's folder); what `down` looks for last
 PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel", "sinfo")
 INSTALL_HINT = N_("install SLURM and munge: on Debian or Ubuntu `sudo apt-get install slurm-wlm munge`; "
                   "elsewhere your system's slurm and munge packages")
@@ -65,7 +64,7 @@ class Cluster:
 
 def program(name: str) -> str | None:
     """The path of a SLURM or munge program. Daemons live in sbin, which an ordinary user's PATH may lack."""
-    return shutil.which(name, path=os.pathsep.join([os.environ.get("PATH", ""), "/usr/local/sbin", "/usr/sbin", "/sbin"]))
+    return shutil.which(name, path=os.pathsep.join([os.environ.get(PATH_ENV, ""), "/usr/local/sbin", "/usr/sbin", "/sbin"]))
 
 
 def missing_programs() -> list[str]:
@@ -75,7 +74,7 @@ def missing_programs() -> list[str]:
 
 def is_ours(pid: int, folder: Path) -> bool:
     """Whether `pid` runs and is a daemon of this cluster: after a reboot a recorded pid may be anyone's."""
-    return carries(pid, MARK_ENV, str(folder))
+    return carries(pid, SLURM_ENV, str(folder))  # every daemon carries it: the cluster's folder
 
 
 def job_processes(folder: Path) -> list[int]:

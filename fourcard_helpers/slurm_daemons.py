@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Callable
 
 from .language import _
-from .lifecycle import GRACE_SECONDS, first_dead, marked_processes, memory_mb, stop, wait_until
-from .rundir import SLURM_CONF_ENV
-from .slurm_cluster import (DEFAULT_DIR, INSTALL_HINT, MARK_ENV, Cluster, ClusterError, is_ours, job_processes,
+from .lifecycle import GRACE_SECONDS, first_dead, marked_processes, memory_mb, start_session, stop, wait_until
+from .rundir import SLURM_CONF_ENV, SLURM_ENV
+from .slurm_cluster import (DEFAULT_DIR, INSTALL_HINT, Cluster, ClusterError, is_ours, job_processes,
                             missing_programs, program, read_state, save_state, state_file)
 from .slurm_conf import KILL_WAIT, PARTITION, gpu_files, gpu_shares, write_conf
 from .slurm_jobids import SHARED_DIR, claim_job_ids, machine_lock, release_job_ids
@@ -29,11 +29,10 @@ IDLE_TIMEOUT = 60.0  # bounds only a node that never comes up; the wait itself e
 def _start(folder: Path, command: list[str], output: Path) -> int:
     """Start one daemon in the foreground of a session of its own (the terminal's Ctrl-C is not its),
     marked with the cluster's folder; its pid. It outlives this process when `up` runs from the shell."""
-    env = {**os.environ, MARK_ENV: str(folder)}
+    env = {**os.environ, SLURM_ENV: str(folder)}
     env.pop(SLURM_CONF_ENV, None)  # each daemon reads the file it is given
     with open(output, "ab") as out:
-        return subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True).pid
+        return start_session(command, env, out).pid
 
 
 def _tail(path: Path, lines: int = 8) -> str:
@@ -201,7 +200,7 @@ def down(folder: Path = DEFAULT_DIR, grace: float = GRACE_SECONDS) -> bool:
             pass  # what is left of the jobs is killed below
 
     def left() -> list[int]:  # what a job left running (the controller was gone, or the job outlived the wait)
-        return job_processes(folder) + marked_processes(MARK_ENV, str(folder))
+        return job_processes(folder) + marked_processes(SLURM_ENV, str(folder))
 
     nodes = [name for name in cluster.pids if name.startswith("slurmd")]
     for stage in (nodes, ["slurmctld"], ["munged"]):  # nodes first, the controller, then authentication, which the

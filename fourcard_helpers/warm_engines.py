@@ -28,6 +28,7 @@ import sys
 from types import FrameType
 
 from .lifecycle import die_with_parent, quiet_kill, stop_own_group, stop_when_kernel_dies
+from .rundir import PID, RANK_ENV, RunDir
 
 
 def _exit_now(signum: int, frame: FrameType | None) -> None:
@@ -41,8 +42,12 @@ def _kill_my_group(signum: int, frame: FrameType | None = None) -> None:
 
 
 def engine(argv: list[str]) -> None:
-    """One rank: an ipyparallel engine that ends on SIGTERM or when torchrun dies."""
+    """One rank: an ipyparallel engine that ends on SIGTERM or when torchrun dies, its pid recorded in the
+    run folder as a launch's rank records its own (rundir.py), so that the session and `rank_pids()` find it."""
     die_with_parent(signal.SIGKILL)
+    run = RunDir.from_env()
+    if run is not None:
+        run.write(PID, int(os.environ[RANK_ENV]), str(os.getpid()))
     from ipyparallel.engine.app import IPEngine
 
     class Engine(IPEngine):

@@ -32,9 +32,9 @@ def _namespace() -> dict[str, Any]:
     return _shell().user_ns
 
 
-def identity() -> tuple[int, int]:
-    """This rank and its pid: ipyparallel numbers engines as they register, not by rank."""
-    return int(os.environ[RANK_ENV]), os.getpid()
+def identity() -> int:
+    """This rank: ipyparallel numbers engines as they register, not by rank."""
+    return int(os.environ[RANK_ENV])
 
 
 def _to_cpu(value: Any) -> Any:

@@ -21,8 +21,9 @@ What the session guarantees, as `torchrun()` does for a launch:
   ranks named, and the session is stopped: nothing can free a rank stuck in a collective;
 * stopping the session, interrupting a cell, restarting or killing the kernel leaves no controller,
   torchrun or rank process (each carries the launcher's marker, so `leftover_processes()` lists
-  them; the controller and torchrun die with the kernel, each rank with torchrun: a torchrun
-  told to stop would first wait up to 30 s for its ranks, so it is killed outright);
+  them; the controller and torchrun die with the kernel, each rank with torchrun; `close` sends
+  SIGTERM to torchrun and the controller, SIGKILL after lifecycle.GRACE_SECONDS, then SIGKILL to
+  every marked process of the session still there);
 * a session that lost a rank says so; `%ranks start` begins a new one.
 
 The session's other parts, one job each: warm_rank_side.py (what runs on each rank), warm_engines.py
@@ -47,7 +48,7 @@ from .cards import Cards, detect
 from .diagnose import raised
 from .language import _
 from .launch import rank_environment
-from .lifecycle import FAIL_FAST_SECONDS, GRACE_SECONDS, POLL_SECONDS, KernelPipe, alive, marked_processes, stop, wait_until
+from .lifecycle import GRACE_SECONDS, POLL_SECONDS, FailFast, KernelPipe, alive, marked_processes, stop, wait_until
 from .reporting import error_record, shorten_paths
 from .rundir import (CONTROLLER_LOG, EXIT, IPYTHON, IPYTHONDIR_ENV, PROFILE, SESSION_ENV, TORCHRUN_LOG, ReportReader,
                      RunDir, rank_prefix)
@@ -173,8 +174,8 @@ class RankSession:
                        _("{nproc} ranks did not all register").format(nproc=self.nproc))
         engines: dict[int, int] = {}  # rank -> its engine's id (ipyparallel numbers engines as they register)
         for engine in self.client.ids:
-            rank, pid = self.client[engine].apply_sync(identity)
-            engines[rank], self.pids[rank] = engine, pid
+            engines[self.client[engine].apply_sync(identity)] = engine
+        self.pids = run.pids()  # each rank recorded its pid before it registered (warm_engines.py)
         # One view of all the engines: a cell is serialised once and sent to each, where a view per
         # engine would serialise it once per rank (a few ms a cell on a small machine).
         self.every_rank = self.client[[engines[rank] for rank in range(self.nproc)]]
@@ -265,7 +266,7 @@ class RankSession:
         sent = self.every_rank.apply_async(function, *args, **(kwargs or {}))
         pending = dict(zip(sent.split(), range(self.nproc)))  # one result per rank, in rank order
         done: dict[int, Any] = {}
-        first_error: float | None = None
+        fail_fast = FailFast()
         try:
             while pending:
                 finished = concurrent.futures.wait(list(pending), timeout=POLL_SECONDS,
@@ -275,13 +276,12 @@ class RankSession:
                 if not pending:
                     break
                 now = time.monotonic()
-                if first_error is None and any(self._outcome(f).get("error") for f in done.values()):
-                    first_error = now
+                failed = fail_fast.expired(lambda: any(self._outcome(f).get("error") for f in done.values()), now)
                 if finished and now - looked < POLL_SECONDS:
                     continue  # ranks are answering: look at the processes again once POLL_SECONDS have passed
                 looked = now
                 problem = self._problem()
-                if problem or now - started > timeout or (first_error and now - first_error > FAIL_FAST_SECONDS):
+                if problem or now - started > timeout or failed:
                     waiting = sorted(pending.values())
                     self._show(done, echo)
                     self.close()

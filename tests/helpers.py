@@ -18,12 +18,11 @@ import re
 import shutil
 import signal
 import site
-import socket
 import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import cache
 from pathlib import Path
 
@@ -40,8 +39,10 @@ NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]*_*.ipynb"))
 # and the exercises' verdicts). All seventeen would add about 15 minutes to CI, which keeps within 75.
 CHINESE_NBVAL = ("00_cards_and_launching", "02_data_parallelism_by_hand")
 
-# Another machine's rounding, under which every lesson runs a second time (tests/lessons/test_other_rounding.py)
+# Another machine's rounding, under which every lesson runs a second time (tests/lessons/test_other_rounding.py),
+# in the background, on threads named so (the unit tier lets them start processes: tests/unit/conftest.py)
 ANOTHER_ROUNDING = {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41", "OMP_NUM_THREADS": "1"}
+BACKGROUND_THREADS = "other-rounding"
 
 
 # -- the lessons ----------------------------------------------------------------------------------
@@ -202,15 +203,55 @@ def shipped_launches() -> list[tuple[str, int, int, float, bool]]:
 
 
 def plain_torchrun(nproc: int, nnodes: int) -> list[list[str]]:
-    """The command line of each torchrun agent: one `--standalone` agent, or (a cell's `--nnodes N`)
+    """The arguments of each torchrun agent: one `--standalone` agent, or (a cell's `--nnodes N`)
     N agents joined at one c10d rendezvous endpoint on 127.0.0.1, as on N machines of a cluster."""
+    from fourcard_helpers.lifecycle import free_ports
+
     if nnodes == 1:
         return [["--standalone", f"--nproc-per-node={nproc}"]]
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_ports(1)[0]
     return [[f"--nnodes={nnodes}", f"--nproc-per-node={nproc}", "--rdzv-backend=c10d",
              f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=plain"] for _ in range(nnodes)]
+
+
+def plain_torchrun_command(agent: list[str], script: str | Path, *args: str) -> list[str]:
+    """The command line of one torchrun agent as a learner types it (`torchrun AGENT SCRIPT ARGS`), run
+    by this Python: the one place tests and benchmarks build it."""
+    return [sys.executable, "-m", "torch.distributed.run", *agent, str(script), *args]
+
+
+def plain_environment(**extra: str) -> dict[str, str]:
+    """The environment of a launch a learner starts by hand on simulated cards: this one, with the
+    course's choice of cards and one thread a rank, lines unbuffered, and no run folder of a launcher
+    (under either of its names), so that the script's report() prints what it would have sent back."""
+    from fourcard_helpers.rundir import (DEVICE_ENV, GLOO_INTERFACE_ENV, RENAMED, RUN_DIR_ENV, THREADS_ENV,
+                                         UNBUFFERED_ENV)
+
+    env = {**os.environ, DEVICE_ENV: "cpu", THREADS_ENV: "1", GLOO_INTERFACE_ENV: "lo", UNBUFFERED_ENV: "1", **extra}
+    env.pop(RUN_DIR_ENV, None)
+    env.pop(RENAMED[RUN_DIR_ENV], None)
+    return env
+
+
+def wait_for(condition: Callable[[], bool], bound: float = 120.0) -> bool:
+    """Wait for an event (`condition()` true) through the package's one wait; whether it came. `bound`
+    only ends a failure, far beyond what the event takes."""
+    from fourcard_helpers.lifecycle import wait_until
+
+    try:
+        return wait_until(condition, bound) is None
+    except TimeoutError:
+        return condition()
+
+
+def end_group(proc: subprocess.Popen) -> bool:
+    """Kill whatever is left of the process group `proc` leads (started with start_new_session); whether
+    anything was left."""
+    from fourcard_helpers.lifecycle import group_alive, quiet_kill
+
+    left = group_alive(proc.pid)
+    quiet_kill(proc.pid, signal.SIGKILL, group=True)
+    return left
 
 
 def run_with_plain_torchrun(script: str, nproc: int, nnodes: int, timeout: float,
@@ -218,11 +259,9 @@ def run_with_plain_torchrun(script: str, nproc: int, nnodes: int, timeout: float
     """Launch `script` once as a learner would, with bare torchrun agents; return each agent's exit
     code (None: it ran past `timeout` + 60 s and was killed) and the launch's output. Nothing of
     the launch outlives the call. benchmarks/script_stress.py runs the same launch many times."""
-    env = {**os.environ, "FOURCARDS_DEVICE": "cpu", "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
-           "PYTHONUNBUFFERED": "1", **(extra_env or {})}
-    env.pop("FOURCARD_RUN_DIR", None)
+    env = plain_environment(**(extra_env or {}))
     procs = [subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", *agent, script],
+        plain_torchrun_command(agent, script),
         cwd=NOTEBOOK_DIR, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         start_new_session=True,
     ) for agent in plain_torchrun(nproc, nnodes)]
@@ -237,10 +276,7 @@ def run_with_plain_torchrun(script: str, nproc: int, nnodes: int, timeout: float
                 codes.append(None)
     finally:
         for proc in procs:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)  # nothing of the run may outlive the launch
-            except ProcessLookupError:
-                pass
+            end_group(proc)  # nothing of the run may outlive the launch
     return codes, "".join(outputs)
 
 

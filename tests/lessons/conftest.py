@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ANOTHER_ROUNDING, ROOT
+from helpers import ANOTHER_ROUNDING, BACKGROUND_THREADS, ROOT
 
 FIXTURE = "under_another_rounding"
 
@@ -131,7 +131,7 @@ class BackgroundRuns:
     """The selected lessons' runs, one at a time in one thread, from the end of collection on."""
 
     def __init__(self) -> None:
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="other-rounding")
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix=BACKGROUND_THREADS)
         self.runs: dict[Path, Future[Verdict]] = {}
 
     def start(self, notebooks: list[Path]) -> None:

@@ -17,11 +17,8 @@ import json
 import os
 import secrets
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any, Iterator
@@ -30,6 +27,8 @@ import pytest
 
 pytestmark = pytest.mark.slow  # every test here starts ranks, a kernel or a browser: not in the fast tier
 
+from fourcard_helpers.lifecycle import first_dead, free_ports, stop, wait_until  # noqa: E402
+from fourcard_helpers.rundir import LANG_ENV  # noqa: E402
 from helpers import ROOT  # noqa: E402
 ARTIFACTS = ROOT / "tests" / "artifacts"
 CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
@@ -56,12 +55,6 @@ if missing:
 from playwright.sync_api import Page, sync_playwright  # noqa: E402
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A JupyterLab server on a copy of the notebooks; yields its base URL with the token."""
@@ -86,7 +79,7 @@ def serve(workdir: Path, locale: str = "en") -> Iterator[str]:
     language = workdir / "settings" / "@jupyterlab" / "translation-extension"
     language.mkdir(parents=True)
     (language / "plugin.jupyterlab-settings").write_text(json.dumps({"locale": locale}))
-    port, token = _free_port(), secrets.token_hex(16)
+    port, token = free_ports(1)[0], secrets.token_hex(16)
     command = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
                f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={workdir / 'notebooks'}",
                "--expose-app-in-browser", "--ServerApp.open_browser=False",
@@ -95,26 +88,22 @@ def serve(workdir: Path, locale: str = "en") -> Iterator[str]:
         command.append("--allow-root")  # CI runs as root; jupyter refuses root without it
     log = open(workdir / "lab.log", "wb")  # noqa: SIM115 - closed below
     env = {**os.environ, "JUPYTERLAB_SETTINGS_DIR": str(workdir / "settings"),
-           "FOURCARDS_LANG": "zh" if locale.startswith("zh") else "en"}
+           LANG_ENV: "zh" if locale.startswith("zh") else "en"}
     server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     url = f"http://127.0.0.1:{port}"
+    def answers() -> bool:  # the server is up when /api answers
+        try:
+            urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=1)
+            return True
+        except OSError:
+            return False
+
     try:
-        for _ in range(600):  # the server says it is up when /api answers; until then, wait
-            if server.poll() is not None:
-                raise RuntimeError(f"jupyter lab exited: {(workdir / 'lab.log').read_text()[-2000:]}")
-            try:
-                urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.2)
+        if wait_until(answers, 120, lambda: first_dead({"jupyter lab": server})):  # the bound ends a failure only
+            raise RuntimeError(f"jupyter lab exited: {(workdir / 'lab.log').read_text()[-2000:]}")
         yield f"{url}|{token}"
     finally:
-        os.killpg(server.pid, signal.SIGTERM)  # the server and every kernel it started
-        try:
-            server.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+        stop([server], grace=20)  # the server and every kernel it started: its group, SIGTERM, then SIGKILL
         log.close()
 
 

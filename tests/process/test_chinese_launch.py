@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from fourcard_helpers.rundir import LANG_ENV
 from helpers import CHINESE_NBVAL, ROOT
 
 
@@ -29,7 +30,7 @@ def test_a_real_failed_launch_explains_itself_in_chinese(monkeypatch: pytest.Mon
     from fourcard_helpers.diagnose import LaunchError
     from fourcard_helpers.launch import leftover_processes, torchrun
 
-    monkeypatch.setenv("FOURCARDS_LANG", "zh")
+    monkeypatch.setenv(LANG_ENV, "zh")
     script = "import torch.distributed as dist\nprint(dist.get_rank())\n"
     with pytest.raises(LaunchError) as failed:
         torchrun(script, nproc=2, timeout=120, echo=False)

@@ -3,7 +3,6 @@ named from what the stages did (real torchrun launches on gloo)."""
 from __future__ import annotations
 
 import inspect
-from pathlib import Path
 
 import pytest
 

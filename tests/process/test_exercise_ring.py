@@ -3,7 +3,6 @@ mistake a learner makes is named from what the ranks saw (real torchrun launches
 from __future__ import annotations
 
 import inspect
-from pathlib import Path
 
 import pytest
 

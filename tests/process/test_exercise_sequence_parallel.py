@@ -4,7 +4,6 @@ What needs no launch: tests/unit/test_exercise_sequence_parallel_in_process.py."
 from __future__ import annotations
 
 import inspect
-from pathlib import Path
 
 import pytest
 

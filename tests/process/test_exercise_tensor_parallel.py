@@ -3,7 +3,6 @@ the reference passes, and each mistake is named from the numbers the ranks found
 from __future__ import annotations
 
 import inspect
-from pathlib import Path
 
 import pytest
 

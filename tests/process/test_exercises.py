@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from fourcard_helpers import exercises
 from fourcard_helpers.check import CheckFailed

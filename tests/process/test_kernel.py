@@ -14,8 +14,8 @@ from typing import Iterator
 import pytest
 from jupyter_client import KernelManager
 
-from fourcard_helpers import lifecycle
 from fourcard_helpers.launch import leftover_processes
+from helpers import wait_for
 
 pytestmark = pytest.mark.slow  # every test here starts ranks, a kernel or a browser: not in the fast tier
 
@@ -24,15 +24,6 @@ import time
 print("ready", flush=True)
 time.sleep(300)
 """
-
-
-def wait_until(condition, seconds: float = 120) -> bool:
-    """Wait for `condition` (an event, such as the last rank ending); `seconds` only bounds a
-    failure, far beyond the few seconds stopping takes."""
-    try:
-        return lifecycle.wait_until(condition, seconds) is None
-    except TimeoutError:
-        return condition()
 
 
 @pytest.fixture
@@ -87,7 +78,7 @@ def test_stop_button_ends_every_rank(kernel: tuple[KernelManager, object]) -> No
     reply = client.get_shell_msg(timeout=120)
     assert reply["parent_header"]["msg_id"] == msg_id
     assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
-    assert wait_until(lambda: leftover_processes(kernel_pid) == []), leftover_processes(kernel_pid)
+    assert wait_for(lambda: leftover_processes(kernel_pid) == []), leftover_processes(kernel_pid)
     assert execute_after_an_error(client, "1 + 1")["content"]["status"] == "ok"  # the kernel lives on
 
 
@@ -95,7 +86,7 @@ def test_kernel_restart_ends_every_rank(kernel: tuple[KernelManager, object]) ->
     manager, client = kernel
     _, kernel_pid = start_launch(client)
     manager.restart_kernel(now=True)  # the kernel is killed outright: no Python code of ours runs
-    assert wait_until(lambda: leftover_processes(kernel_pid) == []), leftover_processes(kernel_pid)
+    assert wait_for(lambda: leftover_processes(kernel_pid) == []), leftover_processes(kernel_pid)
 
 
 # -- the warm session (%ranks) in a real kernel ------------------------------------------------
@@ -110,7 +101,7 @@ def start_ranks(client: object, tmp_path) -> tuple[str, int]:
     assert len(leftover_processes(kernel_pid)) >= 4  # controller, torchrun and two ranks
     msg_id = client.execute(f"%%ranks\nimport pathlib, time\npathlib.Path(r'{tmp_path}', str(rank)).touch()\n"
                             "time.sleep(600)\n")
-    assert wait_until(lambda: all((tmp_path / str(rank)).exists() for rank in (0, 1)), 120), "the cell never began"
+    assert wait_for(lambda: all((tmp_path / str(rank)).exists() for rank in (0, 1)), 120), "the cell never began"
     return msg_id, kernel_pid
 
 
@@ -147,7 +138,7 @@ def test_stop_button_in_a_ranks_cell_ends_the_session(kernel: tuple[KernelManage
     reply = client.get_shell_msg(timeout=60)
     assert reply["parent_header"]["msg_id"] == msg_id
     assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
-    assert wait_until(lambda: leftover_processes(kernel_pid) == []), leftover_processes(kernel_pid)
+    assert wait_for(lambda: leftover_processes(kernel_pid) == []), leftover_processes(kernel_pid)
     reply = execute_after_an_error(client, "%%ranks\nrank")  # says the session has ended
     assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "RankSessionError"
 
@@ -156,11 +147,11 @@ def test_kernel_restart_ends_the_ranks_session(kernel: tuple[KernelManager, obje
     manager, client = kernel
     _, kernel_pid = start_ranks(client, tmp_path)
     manager.restart_kernel(now=True)
-    assert wait_until(lambda: leftover_processes(kernel_pid) == []), leftover_processes(kernel_pid)
+    assert wait_for(lambda: leftover_processes(kernel_pid) == []), leftover_processes(kernel_pid)
 
 
 def test_killed_kernel_leaves_no_ranks_session(kernel: tuple[KernelManager, object], tmp_path) -> None:
     _, client = kernel
     _, kernel_pid = start_ranks(client, tmp_path)
-    os.kill(kernel_pid, signal.SIGKILL)  # no code of ours runs: only parent-death signals act
-    assert wait_until(lambda: leftover_processes(kernel_pid) == []), leftover_processes(kernel_pid)
+    os.kill(kernel_pid, signal.SIGKILL)  # no code of ours runs in the kernel: each root sees its pipe close
+    assert wait_for(lambda: leftover_processes(kernel_pid) == []), leftover_processes(kernel_pid)

@@ -18,16 +18,9 @@ import pytest
 from fourcard_helpers.lifecycle import (KernelPipe, alive, carries, descendants, environment, first_dead,
                                         marked_processes, quiet_kill, stop, wait_until)
 from fourcard_helpers.rundir import PREFIX
+from helpers import wait_for
 
 MARK = PREFIX + "TEST_LIFECYCLE"
-
-
-def gone_within(pids: list[int], seconds: float = 30) -> bool:
-    """Whether every pid has ended before the deadline (which bounds a failure only)."""
-    try:
-        return wait_until(lambda: not any(alive(pid) for pid in pids), seconds) is None
-    except TimeoutError:
-        return False
 
 
 def python(code: str) -> list[str]:
@@ -71,7 +64,7 @@ def test_a_process_that_asked_dies_with_its_parent() -> None:
         assert armed == "True" and alive(int(child_pid))
         parent.kill()  # SIGKILL: the parent can do nothing for its child; Linux must
         parent.wait()
-        assert gone_within([int(child_pid)])
+        assert wait_for(lambda: not alive(int(child_pid)), 30)
     finally:
         parent.kill()
         quiet_kill(int(child_pid), signal.SIGKILL)

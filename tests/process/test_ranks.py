@@ -5,12 +5,10 @@ leave no controller, torchrun or rank process behind.
 """
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 
 from fourcard_helpers import RankSession, RankSessionError, leftover_processes, warm_session
-from fourcard_helpers.lifecycle import wait_until
+from helpers import wait_for
 
 pytestmark = pytest.mark.slow  # every test here starts ranks, a kernel or a browser: not in the fast tier
 
@@ -99,8 +97,8 @@ def test_a_session_that_lost_a_rank_says_so_and_a_new_one_starts(
 
         def alive_once_every_rank_is_gone(pid: int) -> bool:
             if not all(real_alive(rank_pid) for rank_pid in ranks.pids.values()):
-                with contextlib.suppress(TimeoutError):  # the bound is a backstop only: torchrun stops rank 0 once rank 1 died
-                    wait_until(lambda: not any(real_alive(rank_pid) for rank_pid in ranks.pids.values()), 120)
+                # the bound is a backstop only: torchrun stops rank 0 once rank 1 died
+                wait_for(lambda: not any(real_alive(rank_pid) for rank_pid in ranks.pids.values()), 120)
                 seen_gone.append(sorted(rank for rank, rank_pid in ranks.pids.items() if not real_alive(rank_pid)))
             return real_alive(pid)
 

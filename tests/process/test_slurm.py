@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from fourcard_helpers.lifecycle import (alive, carries, command_line, listening, listens_on_port,
-                                        marked_processes, memory_mb, owner, wait_until)
-from fourcard_helpers.rundir import DEVICE_ENV, RENAMED, SLURM_CONF_ENV, VENV_ENV
-from fourcard_helpers.slurm import (INSTALL_HINT, MARK_ENV, ClusterError, claimed_blocks, down, missing_programs,
+                                        marked_processes, memory_mb, owner, pids)
+from fourcard_helpers.rundir import DEVICE_ENV, RENAMED, SLURM_CONF_ENV, SLURM_ENV, VENV_ENV
+from fourcard_helpers.slurm import (INSTALL_HINT, ClusterError, claimed_blocks, down, missing_programs,
                                     practice_cluster, status, up)
-from helpers import ROOT
+from helpers import ROOT, wait_for
 
 if missing_programs():
     if os.environ.get("CI"):
@@ -31,21 +31,18 @@ if missing_programs():
 
 def _wait_until(condition, what: str, bound: float = 60.0) -> None:
     """Wait for an event; the bound only keeps a broken cluster from hanging the suite."""
-    try:
-        wait_until(condition, bound)
-    except TimeoutError:
-        pytest.fail(f"not after {bound:.0f} s: {what}")
+    assert wait_for(condition, bound), f"not after {bound:.0f} s: {what}"
 
 
-def _tasks(name: str) -> list[str]:
+def _tasks(name: str) -> list[int]:
     """Pids of processes whose command line starts with `name` (the job's tasks, not the srun naming them)."""
-    return subprocess.run(["pgrep", "-f", f"^{name}"], capture_output=True, text=True).stdout.split()
+    return [pid for pid in pids() if " ".join(command_line(pid)).startswith(name)]
 
 
 def _steps_of(folder: Path) -> list[str]:
     """Pids of the `slurmstepd` processes of the cluster in `folder` (slurmd hands each the cluster's SLURM_CONF):
     another practice cluster on this machine (lesson 12b, run beside the tests) has steps of its own."""
-    return [pid for pid in _tasks("slurmstepd") if carries(int(pid), SLURM_CONF_ENV, str(folder / "slurm.conf"))]
+    return [pid for pid in _tasks("slurmstepd") if carries(pid, SLURM_CONF_ENV, str(folder / "slurm.conf"))]
 
 
 def _finished(cluster, job: str, bound: float = 300) -> str:
@@ -59,7 +56,7 @@ _claimed_blocks = claimed_blocks  # held by a running controller's lock on its p
 
 def _nothing_left(folder: Path, pids: dict[str, int], munge_dir: Path | None = None) -> None:
     assert not any(alive(pid) for pid in pids.values()), pids
-    assert marked_processes(MARK_ENV, str(folder)) == []
+    assert marked_processes(SLURM_ENV, str(folder)) == []
     assert not (folder / "cluster.json").exists()
     assert list((folder / "run").glob("*")) == []
     assert munge_dir is None or not munge_dir.exists()  # munge's socket, in /tmp, is gone
@@ -95,7 +92,7 @@ def test_up_runs_a_two_node_job_and_down_leaves_nothing(tmp_path):
         submitted = subprocess.Popen(["sbatch", "--wait", f"--chdir={tmp_path}", f"--output={tmp_path}/out-%j.txt", str(job)],
                                      env=cluster.environment(), stdout=subprocess.PIPE, text=True)
         def sruns_listening() -> set[str]:  # this cluster's srun, which the nodes call back with the tasks' output
-            return {address for pid in _tasks("srun") if carries(int(pid), SLURM_CONF_ENV, str(cluster.conf))
+            return {address for pid in _tasks("srun") if carries(pid, SLURM_CONF_ENV, str(cluster.conf))
                     for address in _listening(int(pid))}
 
         _wait_until(lambda: sruns_listening() or submitted.poll() is not None, "the job's srun listening")
@@ -167,7 +164,7 @@ def test_a_port_taken_fails_in_one_sentence_and_leaves_nothing(tmp_path, monkeyp
         monkeypatch.setattr(slurm_conf, "free_ports", lambda count: [held.getsockname()[1], *free_ports(count - 1)])
         with pytest.raises(ClusterError, match=r"slurmctld stopped while starting .* Another program took its port"):
             up(2, tmp_path / "cluster")
-    assert marked_processes(MARK_ENV, str(tmp_path / "cluster")) == [] and not (tmp_path / "cluster" / "cluster.json").exists()
+    assert marked_processes(SLURM_ENV, str(tmp_path / "cluster")) == [] and not (tmp_path / "cluster" / "cluster.json").exists()
 
 
 def test_the_cluster_of_a_with_block_is_stopped_when_the_kernel_dies(tmp_path):
@@ -214,7 +211,7 @@ def test_command_line_up_status_down(tmp_path):
     assert stopped.returncode == 0 and "stopped" in stopped.stdout
     none = subprocess.run([*cli, "down", "--dir", str(folder)], capture_output=True, text=True, cwd=ROOT)
     assert none.returncode == 1 and none.stdout.startswith("no practice cluster to stop")
-    assert marked_processes(MARK_ENV, str(folder.resolve())) == []
+    assert marked_processes(SLURM_ENV, str(folder.resolve())) == []
 
 
 def test_an_ordinary_user_runs_the_cluster(tmp_path):
@@ -248,7 +245,7 @@ def test_an_ordinary_user_runs_the_cluster(tmp_path):
                              capture_output=True, text=True)
         assert ran.returncode == 0, ran.stderr
         assert sorted((home / "job" / "out.txt").read_text().splitlines()) == ["n1 nobody", "n2 nobody"]
-        owners = {owner(pid) for pid in marked_processes(MARK_ENV, str(folder))}
+        owners = {owner(pid) for pid in marked_processes(SLURM_ENV, str(folder))}
         assert owners == {65534}  # every daemon runs as the learner
         claimed = _claimed_blocks()
         assert claimed[str(folder)] != claimed[str((tmp_path / "root's").resolve())]  # the two users' jobs are numbered apart
@@ -256,7 +253,7 @@ def test_an_ordinary_user_runs_the_cluster(tmp_path):
         stopped = subprocess.run([*cli, "down", "--dir", str(folder)], capture_output=True, text=True, cwd=ROOT)
         roots.__exit__(None, None, None)
     assert stopped.returncode == 0, stopped.stderr
-    assert marked_processes(MARK_ENV, str(folder)) == []
+    assert marked_processes(SLURM_ENV, str(folder)) == []
     shutil.rmtree(root)
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
 import signal
 import subprocess
@@ -24,7 +23,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import ROOT
+from fourcard_helpers.rundir import DEVICE_ENV
+from helpers import ROOT, end_group, plain_environment, plain_torchrun_command
 
 SCRIPT = ROOT / "notebooks" / "scripts" / "train_any.py"
 
@@ -78,23 +78,14 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def run(workdir: Path, nproc: int | None, *args: str, ok: bool = True) -> str:
     """Run the template with plain torchrun (or plain python when nproc is None) in `workdir`."""
-    env = {**os.environ, "FOURCARDS_DEVICE": "cpu", "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
-           "PYTHONUNBUFFERED": "1"}
-    env.pop("FOURCARD_RUN_DIR", None)
-    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"] if nproc else []
-    proc = subprocess.Popen([sys.executable, *launcher, str(SCRIPT), *args], cwd=workdir, env=env,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    command = (plain_torchrun_command(["--standalone", f"--nproc-per-node={nproc}"], SCRIPT, *args) if nproc
+               else [sys.executable, str(SCRIPT), *args])
+    proc = subprocess.Popen(command, cwd=workdir, env=plain_environment(), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         output = proc.communicate(timeout=300)[0].decode("utf-8", "replace")
     finally:
-        try:
-            os.killpg(proc.pid, 0)  # signal 0 only asks: is any process of this run still there?
-            left = True
-        except ProcessLookupError:
-            left = False
-        if left:
-            os.killpg(proc.pid, signal.SIGKILL)
+        left = end_group(proc)  # is any process of this run still there?
     assert not left, f"a process of the run outlived it:\n{output[-2000:]}"
     assert (proc.returncode == 0) == ok, f"exit code {proc.returncode}:\n{output[-3000:]}"
     return output
@@ -133,7 +124,7 @@ def test_ddp_trains_and_leaves_a_plain_state_dict_and_metrics(workdir: Path, ddp
         import tiny
     finally:
         sys.path.remove(str(workdir))
-    assert "ddp on 4 CPU processes with gloo (FOURCARDS_DEVICE=cpu)" in ddp_two_epochs  # the one name, read
+    assert f"ddp on 4 CPU processes with gloo ({DEVICE_ENV}=cpu)" in ddp_two_epochs  # the one name, read
     model = tiny.build_model()
     model.load_state_dict(weights(workdir, "ddp2"))  # no "module." prefix, no missing key
     rows = metrics(workdir, "ddp2")
@@ -286,12 +277,12 @@ def test_a_stop_request_saves_that_step_and_the_resumed_run_ends_bit_for_bit_as_
 def test_sigterm_to_torchrun_reaches_the_ranks_which_save_their_step_and_exit(workdir: Path) -> None:
     """SLURM's SIGTERM (preemption, scancel) reaches each node's torchrun, which sends it on to its ranks: they
     finish the step they are in, agree, save it and exit, before torchrun's 30 s of grace end in SIGKILL."""
-    env = {**os.environ, "FOURCARDS_DEVICE": "cpu", "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "PYTHONUNBUFFERED": "1"}
     agent = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(SCRIPT), "--model",
-         "tiny:build_model", "--data", "tiny:build_datasets", "--batch-size", "8", "--epochs", "1000", "--checkpoint-dir",
-         "terminated"], cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, start_new_session=True)
+        plain_torchrun_command(["--standalone", "--nproc-per-node=2"], SCRIPT, "--model", "tiny:build_model", "--data",
+                               "tiny:build_datasets", "--batch-size", "8", "--epochs", "1000", "--checkpoint-dir",
+                               "terminated"),
+        cwd=workdir, env=plain_environment(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True)
     lines = []
     try:
         for line in agent.stdout:
@@ -302,11 +293,7 @@ def test_sigterm_to_torchrun_reaches_the_ranks_which_save_their_step_and_exit(wo
         lines += agent.stdout.readlines()
         agent.wait(timeout=120)
     finally:
-        try:
-            os.killpg(agent.pid, signal.SIGKILL)  # anything left of the run (nothing, asserted below)
-            left = True
-        except ProcessLookupError:
-            left = False
+        left = end_group(agent)  # anything left of the run (nothing, asserted below)
     output = "".join(lines)
     assert not left, output[-2000:]
     stop = re.search(r"asked to stop \(SIGTERM\): saved (epoch-\d{4}-step-\d{6}) after step", output)

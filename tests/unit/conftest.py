@@ -7,9 +7,11 @@ or tests/lessons (the lessons' scripts and notebooks run again).
 
 The promise is checked on every run, not kept by hand: while a test of this folder runs, fixtures
 included, every way Python has to start a process raises, naming what was called and where the test
-belongs, and the test fails even where the code under test catches that error. Threads that were
-already running when the test began are not the test's and pass: in a run of the whole suite, the
-lessons' background runs under another rounding (tests/lessons/conftest.py) go on beside it.
+belongs, and the test fails even where the code under test catches that error. One kind of thread is
+not the test's and passes: in a run of the whole suite, the lessons' background runs under another
+rounding (tests/lessons/conftest.py, threads named BACKGROUND_THREADS...) go on beside it; any other
+thread, left by an earlier test or started by this one, meets the gates too.
+tests/unit/test_unit_tier.py shows that the gates catch what they promise to.
 """
 from __future__ import annotations
 
@@ -23,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from helpers import BACKGROUND_THREADS  # the thread_name_prefix of the lessons' background runs
 
 HERE = Path(__file__).resolve().parent
 MOVE_IT = "tests/unit starts no process; a test that needs one belongs in tests/process or tests/lessons"
@@ -46,9 +50,9 @@ class ProcessStarted(RuntimeError):
 
 
 def _gate(label: str, original: Callable[..., Any], attempts: list[str],
-          others: set[int]) -> Callable[..., Any]:
+          others: set[threading.Thread]) -> Callable[..., Any]:
     def shut(*args: Any, **kwargs: Any) -> Any:
-        if threading.get_ident() in others:  # a thread that is not the test's
+        if threading.current_thread() in others:  # the very thread object, not an id a new thread may reuse
             return original(*args, **kwargs)
         attempts.append(label)
         raise ProcessStarted(f"{label} was called: {MOVE_IT}")
@@ -63,7 +67,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         return
     attempts: list[str] = []
     item.stash[ATTEMPTS] = attempts
-    others = {thread.ident for thread in threading.enumerate() if thread is not threading.current_thread()}
+    others = {thread for thread in threading.enumerate() if thread.name.startswith(BACKGROUND_THREADS)}
     with pytest.MonkeyPatch.context() as patch:
         for owner, name in GATES:
             label = f"{getattr(owner, '__qualname__', getattr(owner, '__name__', '?'))}.{name}"

@@ -1,10 +1,10 @@
 """Lesson 11's measuring instruments: the module its launches import is the lesson's own cell, and it counts."""
 import importlib.util
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
+from fourcard_helpers.lifecycle import free_ports
 from helpers import ROOT, written_by_cells
 
 NOTEBOOKS = ROOT / "notebooks"
@@ -19,10 +19,7 @@ def test_the_module_the_launches_import_is_the_lessons_cell():
 @pytest.fixture()
 def one_rank_group():
     """A real gloo process group of one rank, on 127.0.0.1."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_ports(1)[0]}", rank=0, world_size=1)
     yield
     dist.destroy_process_group()
 

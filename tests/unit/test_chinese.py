@@ -19,6 +19,7 @@ from pathlib import Path
 import polib
 import pytest
 
+from fourcard_helpers.rundir import LANG_ENV  # noqa: E402
 from helpers import ROOT  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "docs"))
@@ -56,12 +57,13 @@ def test_the_code_is_the_english_with_its_figures_text_in_chinese(lesson: Path) 
     english = json.loads(lesson.read_text(encoding="utf-8"))
     chinese = json.loads((translate.CHINESE_NOTEBOOKS / lesson.name).read_text(encoding="utf-8"))
     assert len(chinese["cells"]) == len(english["cells"])
+    made = translate.chinese_lesson(lesson)["cells"]  # the whole lesson at once: its messages come from every cell
     for index, (en, zh) in enumerate(zip(english["cells"], chinese["cells"])):
         assert en["cell_type"] == zh["cell_type"] and en["id"] == zh["id"], f"cell {index}"
         if en["cell_type"] == "markdown":
             assert set(en) == set(zh) and en["metadata"] == zh["metadata"], f"cell {index}"
         else:  # the first code cell also chooses Chinese for the package's messages (translate.chinese_code)
-            built = translate.chinese_lesson(lesson)["cells"][index]
+            built = made[index]
             assert {**zh, "outputs": [], "execution_count": None} == {**built, "outputs": [], "execution_count": None}, (
                 f"{lesson.name} cell {index}: the Chinese code cell differs from what the English and the catalog make")
     assert {key: value for key, value in chinese["metadata"].items() if key != translate.RAN} == {
@@ -323,19 +325,19 @@ def a_rank_that_aborted_at_exit(tmp_path: Path) -> str:
 def test_the_launchers_explanation_is_in_chinese_when_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     english = a_rank_that_aborted_at_exit(tmp_path / "en")
     assert english.startswith("rank 2 of 4 finished its script, then died while exiting, by SIGABRT.")
-    monkeypatch.setenv("FOURCARDS_LANG", "zh")
+    monkeypatch.setenv(LANG_ENV, "zh")
     chinese = a_rank_that_aborted_at_exit(tmp_path / "zh")
     assert chinese.startswith("rank 2（共 4 个）跑完了脚本，却在退出时被 SIGABRT 终止。")
-    assert "gloo 的退出竞争" in chinese and "os._exit(0)" in chinese
+    assert "gloo 的退出竞争" in chinese and "exit_without_teardown()" in chinese
     assert chinese.endswith("它最后的输出：\n[rank2] epoch 1: loss 0.31\n")
 
 
 @pytest.mark.parametrize("setting, chinese", [
-    ({"FOURCARDS_LANG": "zh"}, True), ({"FOURCARDS_LANG": "zh-CN"}, True),
-    ({"FOURCARDS_LANG": "", "LANG": "zh_CN.UTF-8"}, True),  # the locale decides when the setting is empty
-    ({"FOURCARDS_LANG": "", "LANGUAGE": "zh_CN:en", "LANG": "en_US.UTF-8"}, True),
-    ({"FOURCARDS_LANG": "", "LANG": "fr_FR.UTF-8"}, False),  # no catalog: English
-    ({"FOURCARDS_LANG": "en", "LANG": "zh_CN.UTF-8"}, False),  # the setting wins over the locale
+    ({LANG_ENV: "zh"}, True), ({LANG_ENV: "zh-CN"}, True),
+    ({LANG_ENV: "", "LANG": "zh_CN.UTF-8"}, True),  # the locale decides when the setting is empty
+    ({LANG_ENV: "", "LANGUAGE": "zh_CN:en", "LANG": "en_US.UTF-8"}, True),
+    ({LANG_ENV: "", "LANG": "fr_FR.UTF-8"}, False),  # no catalog: English
+    ({LANG_ENV: "en", "LANG": "zh_CN.UTF-8"}, False),  # the setting wins over the locale
 ])
 def test_the_language_follows_the_setting_then_the_locale(setting: dict[str, str], chinese: bool,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
@@ -362,7 +364,7 @@ def test_an_exercise_check_speaks_chinese_when_asked(monkeypatch: pytest.MonkeyP
 
     with pytest.raises(check.CheckFailed):
         check.exercise("sum", attempt)
-    monkeypatch.setenv("FOURCARDS_LANG", "zh")
+    monkeypatch.setenv(LANG_ENV, "zh")
     with pytest.raises(check.CheckFailed):
         check.exercise("sum", attempt)
     english, chinese = capsys.readouterr().out.splitlines()
@@ -523,7 +525,7 @@ def test_every_exercise_title_has_its_chinese_and_a_verdict_uses_it(monkeypatch:
     def not_attempted() -> None:
         raise NotImplementedError
 
-    monkeypatch.setenv("FOURCARDS_LANG", "zh")
+    monkeypatch.setenv(LANG_ENV, "zh")
     check.exercise("Exercise 1: the all-reduced total", not_attempted)
     assert capsys.readouterr().out.startswith("○ 练习 1：全归约后的总和——还没有作答。")
 
@@ -613,7 +615,7 @@ def test_an_empty_label_stays_empty_in_chinese(monkeypatch: pytest.MonkeyPatch) 
     catalog's header (its Project-Id-Version...), which a figure would then print."""
     from fourcard_helpers.language import _
 
-    monkeypatch.setenv("FOURCARDS_LANG", "zh")
+    monkeypatch.setenv(LANG_ENV, "zh")
     assert _("") == "" and _("unspecified") != "unspecified"
 
 
@@ -622,7 +624,7 @@ def test_each_chinese_lesson_chooses_chinese_where_the_learner_sees_it() -> None
         notebook = json.loads((translate.CHINESE_NOTEBOOKS / lesson.name).read_text(encoding="utf-8"))
         first = "".join(next(cell for cell in notebook["cells"] if cell["cell_type"] == "code")["source"])
         assert first.startswith(translate.LOAD_EXTENSION + translate.SPEAK_CHINESE), lesson.name
-    assert "%fourcards_lang en" in translate.SPEAK_CHINESE and "FOURCARDS_LANG" in translate.SPEAK_CHINESE
+    assert "%fourcards_lang en" in translate.SPEAK_CHINESE and LANG_ENV in translate.SPEAK_CHINESE
 
 
 @pytest.fixture
@@ -633,7 +635,7 @@ def english_machine(monkeypatch: pytest.MonkeyPatch):
     from fourcard_helpers import language
 
     def start():
-        for name in ("FOURCARDS_LANG", "LC_ALL", "LC_MESSAGES"):
+        for name in (LANG_ENV, "LC_ALL", "LC_MESSAGES"):
             monkeypatch.delenv(name, raising=False)
         monkeypatch.setenv("LANGUAGE", "en")
         monkeypatch.setenv("LANG", "en_US.UTF-8")
@@ -658,12 +660,12 @@ def test_the_first_cell_of_a_chinese_lesson_makes_the_kernel_speak_chinese(
         check.exercise("Exercise 1: the all-reduced total", lambda: (_ for _ in ()).throw(NotImplementedError))
         assert capsys.readouterr().out == "○ 练习 1：全归约后的总和——还没有作答。请在上面写下你的答案，再运行一次这个单元格。\n"
         cards = launch.detect(2)
-        assert launch.rank_environment(cards, Path("run"), "cell.py", None)["FOURCARDS_LANG"] == "zh"
+        assert launch.rank_environment(cards, Path("run"), "cell.py", None)[LANG_ENV] == "zh"
         assert "张模拟卡（CPU 进程，gloo）" in cards.describe()
-        monkeypatch.setenv("FOURCARDS_LANG", "en")  # the setting still wins over the notebook
+        monkeypatch.setenv(LANG_ENV, "en")  # the setting still wins over the notebook
         check.exercise("Exercise 1: the all-reduced total", lambda: (_ for _ in ()).throw(NotImplementedError))
         assert capsys.readouterr().out.startswith("○ Exercise 1: the all-reduced total: not attempted yet.")
-        assert launch.rank_environment(cards, Path("run"), "cell.py", None)["FOURCARDS_LANG"] == "en"
+        assert launch.rank_environment(cards, Path("run"), "cell.py", None)[LANG_ENV] == "en"
         shell.run_cell("%fourcards_lang", store_history=False).raise_error()
         assert capsys.readouterr().out == "Messages follow the setting FOURCARDS_LANG=en.\n"
     finally:
@@ -676,7 +678,7 @@ def test_without_the_line_the_kernel_speaks_as_before(english_machine) -> None:
 
     english_machine()
     cards = launch.detect(2)
-    assert "FOURCARDS_LANG" not in launch.rank_environment(cards, Path("run"), "cell.py", None)
+    assert LANG_ENV not in launch.rank_environment(cards, Path("run"), "cell.py", None)
     assert cards.describe().startswith("2 simulated cards (CPU processes, gloo)")
 
 

@@ -30,9 +30,7 @@ MESSAGE_NAMES = re.compile(r"^(message|reason|hint|fix|cause|said|detail|why|ver
 NOT_SCANNED = {"solutions": "reference solutions: the learner's own code, as docs/solutions.md shows it",
                "schedules.py": "lesson 07's own functions, which its code cells define and tests/lessons/test_lesson_copies.py "
                                "keeps equal: code the learner reads, English in both editions"}
-NOT_YET = {
-    "costmodel.py": "the cost model's argument errors, with its own owner",
-}
+NOT_YET: dict[str, str] = {}
 # Prose that is not a message to the learner (module, how it starts), each with why.
 ALLOWED = {
     ("__init__.py", "module 'fourcard_helpers' has no attribute "): "Python's own AttributeError wording, "
