@@ -13,9 +13,9 @@ The machinery that runs ranks (a lesson uses it and never teaches it); one line 
     launch.py          `torchrun()`: starts a launch as a subprocess of the kernel, streams it, returns its reports
     agent.py           what runs as torchrun: writes down each failed rank's exit, stops when the kernel dies
     worker.py          what runs inside each rank of a launch
-    reporting.py       `report()`: what a rank sends back, and tracebacks with portable paths
+    reporting.py       `report()`: what a rank sends back, and tracebacks with portable paths; how a rank ends
     rundir.py          the one contract between ranks and notebook: run-folder files, environment variables, [rankN]
-    lifecycle.py       the one way every process is started, found and stopped (the /proc reader, the stop sequence)
+    lifecycle.py       the one way every process is started, found and stopped: the /proc reader, a launch's ranks, the stop
     diagnose.py        the one explanation of a failed launch
     doctor.py          the DDP doctor: the classic data-parallel mistakes in a script that ran
     magic.py           `%%torchrun`, `%%solution` and `%fourcards_lang`, and how a failed launch is shown
@@ -59,8 +59,8 @@ from typing import Any
 _EXPORTS = {
     "detect": "cards", "Cards": "cards", "CardsError": "cards",
     "torchrun": "launch", "LaunchResult": "launch", "LaunchError": "launch",
-    "leftover_processes": "launch", "rank_pids": "launch",
-    "report": "reporting",
+    "leftover_processes": "lifecycle", "rank_pids": "lifecycle",
+    "report": "reporting", "exit_without_teardown": "reporting",
     "load_mnist": "data", "load_mnist_raw": "data", "normalisation": "data",
     "download_full_mnist": "data", "MnistDataError": "data",
     "MnistCNN": "models", "PeakMemory": "memory",

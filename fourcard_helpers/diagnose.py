@@ -44,7 +44,7 @@ SIGNAL_HINTS = {  # translated where they are used
         "finished its script and aborted while its process ended ('terminate called without an active "
         "exception') met gloo's exit race: one of gloo's threads was still handing back the last "
         "collective when Python shut down (lesson 00, \"How a rank ends\"). End the script with "
-        "dist.destroy_process_group(), then sys.stdout.flush(); os._exit(0)."
+        "dist.destroy_process_group(), then exit_without_teardown() (from fourcard_helpers)."
     ),
     "SIGKILL": N_("SIGKILL from outside usually means the machine ran out of memory."),
     "SIGSEGV": N_("SIGSEGV is a crash inside native code; the rank's log above may say where."),

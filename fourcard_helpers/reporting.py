@@ -1,4 +1,5 @@
-"""What a rank sends back to the notebook: `report()`'s values, and tracebacks with portable paths.
+"""What a rank sends back to the notebook: `report()`'s values, and tracebacks with portable paths;
+and how a rank ends: `exit_without_teardown()`, the last line of every course script that joins a group.
 
 A lesson's script calls `report(name=value, ...)` in each rank; the launcher gathers the values
 into `LaunchResult.reports[rank]` (and the warm session into `RankSession.reports`). Values
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import time
 import traceback
 from pathlib import Path, PurePath
@@ -21,6 +23,20 @@ from .language import _
 from .rundir import RANK_ENV, REPORT, RunDir
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def exit_without_teardown() -> None:
+    """End this rank here, skipping Python's teardown, in which gloo can abort a rank whose work is done.
+
+    gloo hands back a finished collective's tensors on its own thread, a moment after waking the
+    rank; if Python is shutting down by then, that thread cannot take the GIL, Python ends it, and
+    the C++ runtime aborts the process (lesson 00, "How a rank ends"; PyTorch issue #38228). Every
+    course script that joins a group calls this after `destroy_process_group()`, which alone cannot
+    stop the thread while anything still holds the group (after DDP, `torch.distributed.nn` does).
+    """
+    sys.stdout.flush()  # print() to a pipe is buffered: os._exit would drop what is still held
+    sys.stderr.flush()
+    os._exit(0)  # no atexit handler runs and no thread is asked to stop; the system reclaims the rest
 
 
 def this_rank() -> int:

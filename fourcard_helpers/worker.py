@@ -17,11 +17,13 @@ records the notebook reads in the run folder (see rundir.py):
   runtime aborts (a core dump's backtrace: notebooks/measured/exit_abort_backtrace.txt;
   counts: notebooks/measured/exit_race.json). A script cannot always prevent it:
   `destroy_process_group()` stops those threads only when nothing else holds the group, and
-  DDP does. So every shipped script ends the same way, with `os._exit(0)` after
-  `destroy_process_group()` (lesson 00, "How a rank ends"); a script that does not, still
-  ends cleanly here. When the script calls `os._exit` itself, the worker takes it as the
-  script's end: it writes its records, skips the `atexit` handlers (as `os._exit` does), and
-  exits with the script's code.
+  after DDP something does (`torch.distributed.nn`'s default arguments). So every shipped script
+  that joins a group ends the same way, with `exit_without_teardown()` (a flush, then
+  `os._exit(0)`) after `destroy_process_group()` (lesson 00, "How a rank ends"); a script that
+  does not, still ends cleanly here. When the script calls `os._exit` itself, the worker takes it
+  as the script's end: it writes its records and exits with the script's code at once, doing
+  nothing that `os._exit` skips (no thread waited for, no `atexit` handler, no buffer flushed),
+  as in a terminal.
 
 It imports nothing but the standard library, so it adds almost nothing to start-up time.
 """
@@ -73,16 +75,19 @@ def _error_record(error: BaseException, rank: int, when: float) -> dict[str, Any
     return error_record(error, rank, frames, when)
 
 
-def _end_as_a_terminal_would(skip_atexit: bool = False) -> None:
+def _end_as_a_terminal_would() -> None:
     """What Python does at exit that a script can notice: wait for the script's non-daemon
     threads, run its `atexit` handlers, flush the files it left open, flush stdout/stderr.
-    Only the destruction of every object is skipped (see the module's docstring). After the
-    script's own `os._exit`, neither threads nor handlers are waited for, as there."""
-    if not skip_atexit:
-        for thread in threading.enumerate():
-            if thread is not threading.main_thread() and not thread.daemon:
-                thread.join()
-        atexit._run_exitfuncs()  # prints a failing handler's traceback, as the interpreter does
+    Only the destruction of every object is skipped (see the module's docstring)."""
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()  # prints a failing handler's traceback, as the interpreter does
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
     for file in list(_OPENED):  # files the script opened and never closed
         try:
             if not file.closed and file.writable():
@@ -153,7 +158,7 @@ def main(argv: list[str]) -> None:
     namespace = {"__name__": "__main__", "__file__": str(script), "__builtins__": __builtins__}
     builtins.open = io.open = _open_and_remember  # pathlib and os.fdopen go through io.open
     code = 0
-    skip_atexit = False  # the script ended itself with os._exit, which runs no atexit handler
+    ended_itself = False  # the script ended itself with os._exit: no thread, handler or buffer is waited for
     observer = None
     if run is not None and setting(DOCTOR_ENV, "1") != "0":
         from .doctor import Observer  # imports torch, which the script is about to import anyway
@@ -164,7 +169,7 @@ def main(argv: list[str]) -> None:
     try:
         exec(compile(source, label, "exec"), namespace)
     except _ScriptCalledExit as stop:
-        code, skip_atexit = stop.code, True
+        code, ended_itself = stop.code, True
         if code and run is not None:
             record = _error_record(stop, rank, time.time())
             record["message"] = f"os._exit({code})"
@@ -193,12 +198,8 @@ def main(argv: list[str]) -> None:
         if observer is not None:
             run.write_json(DOCTOR, rank, observer.record())
         run.write(DONE, rank, "")
-    _end_as_a_terminal_would(skip_atexit)
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
+    if not ended_itself:  # after the script's own os._exit nothing more happens, as in a terminal
+        _end_as_a_terminal_would()
     _REAL_EXIT(code)
 
 

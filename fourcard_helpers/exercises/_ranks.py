@@ -26,8 +26,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from fourcard_helpers import detect, report
+from fourcard_helpers import detect, exit_without_teardown, report
 from fourcard_helpers.language import _
+from fourcard_helpers.rundir import LOCAL_RANK_ENV, WORLD_SIZE_ENV
 
 COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
                "reduce_scatter_tensor", "reduce", "all_to_all", "all_to_all_single", "send", "recv",
@@ -110,9 +111,9 @@ def start() -> tuple[ModuleType, torch.device, dict[str, Any]]:
     `collective_timeout` raises (gloo), so a partner that skipped it ends the launch in seconds."""
     global _trace, DEVICE
     learner, parameters, folder = sys.argv[1], json.loads(sys.argv[2]), Path(sys.argv[3])
-    cards = detect(int(os.environ["WORLD_SIZE"]))
+    cards = detect(int(os.environ[WORLD_SIZE_ENV]))
     dist.init_process_group(cards.backend, timeout=timedelta(seconds=parameters["collective_timeout"]))
-    device = DEVICE = cards.device(int(os.environ["LOCAL_RANK"]))
+    device = DEVICE = cards.device(int(os.environ[LOCAL_RANK_ENV]))
     if cards.kind == "cuda":
         torch.cuda.set_device(device)
     _trace = open(folder / f"rank{dist.get_rank()}.jsonl", "a", encoding="utf-8")  # noqa: SIM115 - kept open
@@ -128,8 +129,7 @@ def finish(**values: Any) -> None:
     report(**values)
     _trace.close()
     dist.destroy_process_group()
-    sys.stdout.flush()
-    os._exit(0)
+    exit_without_teardown()
 
 
 class TiedNet(torch.nn.Module):

@@ -1,11 +1,10 @@
 """Exercise 3: 1² + 2² + … + 100², shared among the ranks, then all-reduced."""
 import os
-import sys
 
 import torch
 import torch.distributed as dist
 
-from fourcard_helpers import detect, report
+from fourcard_helpers import detect, report, exit_without_teardown
 
 cards = detect(int(os.environ["WORLD_SIZE"]))
 dist.init_process_group(cards.backend)
@@ -19,4 +18,4 @@ if cards.kind == "cuda":
 raise NotImplementedError
 
 dist.destroy_process_group()
-sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
+exit_without_teardown()  # gloo can abort a finished rank in Python's teardown (lesson 00)

@@ -1,4 +1,4 @@
-"""How a rank ends: gloo's threads outlive destroy_process_group() while DDP holds the group."""
+"""How a rank ends: gloo's threads outlive destroy_process_group() while anything holds the group, as DDP leaves it held."""
 import gc
 import os
 import sys
@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from fourcard_helpers import report
+from fourcard_helpers import report, exit_without_teardown
 
 
 def gloo_threads():
@@ -32,7 +32,8 @@ dist.destroy_process_group(second)               # nothing else holds it: its th
 del second
 threads["second destroyed"] = gloo_threads()
 model = DDP(torch.nn.Linear(4, 4))               # DDP holds the default group...
-from torch.distributed.nn import functional      # ...and so does this module, which DDP imported
+imported_by_ddp = "torch.distributed.nn.functional" in sys.modules   # this script has not imported it (yet)
+from torch.distributed.nn import functional      # ...and so does this module, which DDP's constructor imported
 holders = [name for name, f in vars(functional).items()
            if callable(f) and dist.group.WORLD in (getattr(f, "__defaults__", None) or ())]
 dist.destroy_process_group()
@@ -41,5 +42,5 @@ del model
 gc.collect()
 threads["DDP deleted too"] = gloo_threads()
 print(f"rank {rank}: {len(threads['DDP deleted too'])} gloo threads still run after destroy_process_group() and del model")
-report(threads=threads, holders=holders)
-sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
+report(threads=threads, holders=holders, imported_by_ddp=imported_by_ddp)
+exit_without_teardown()  # gloo can abort a finished rank in Python's teardown (lesson 00)

@@ -1,12 +1,11 @@
 """How many processes a four-card job with two loader workers per card really runs."""
 import os
-import sys
 
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler
 
-from fourcard_helpers import detect, report
+from fourcard_helpers import detect, report, exit_without_teardown
 from fourcard_helpers.loaders import SyntheticCostDataset
 
 cards = detect(int(os.environ["WORLD_SIZE"]))
@@ -43,4 +42,4 @@ dist.barrier()  # no rank stops its workers before rank 0 has counted them
 report(pid=os.getpid(), agent=os.getppid(), workers=children(os.getpid()), tree=tree, steps=len(loader))
 del batches  # stops this rank's workers
 dist.destroy_process_group()
-sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
+exit_without_teardown()  # gloo can abort a finished rank in Python's teardown (lesson 00)

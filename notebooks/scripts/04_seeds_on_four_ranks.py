@@ -1,13 +1,12 @@
 """What a seed does on four ranks: what DDP makes equal by itself, and what only the seed decides."""
 import os
-import sys
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
-from fourcard_helpers import detect, report
+from fourcard_helpers import detect, report, exit_without_teardown
 from fourcard_helpers.data import load_mnist_raw
 from fourcard_helpers.loaders import RandomShiftDataset
 from fourcard_helpers.models import MnistCNN
@@ -48,4 +47,4 @@ augmentation = {"same seed on every rank": shifts(),
                 "seed + rank": shifts(torch.Generator().manual_seed(seed + rank))}  # a loader generator per rank
 report(drawn=drawn, augmentation=augmentation)
 dist.destroy_process_group()
-sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
+exit_without_teardown()  # gloo can abort a finished rank in Python's teardown (lesson 00)

@@ -2,7 +2,6 @@
 import argparse
 import hashlib
 import os
-import sys
 import tempfile
 import time
 
@@ -12,7 +11,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
-from fourcard_helpers import detect, load_mnist, report
+from fourcard_helpers import detect, load_mnist, report, exit_without_teardown
 from fourcard_helpers.models import MnistCNN
 
 parser = argparse.ArgumentParser(description=__doc__)
@@ -59,4 +58,4 @@ weights = torch.cat([p.detach().flatten() for p in model.module.parameters()]).c
 report(losses=losses, weights_sha256=hashlib.sha256(weights).hexdigest(), ddp_key=next(iter(model.state_dict())),
        epoch_seconds=epoch_seconds, steps=len(loader) * 2, samples=len(sampler) * dist.get_world_size())
 dist.destroy_process_group()
-sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
+exit_without_teardown()  # gloo can abort a finished rank in Python's teardown (lesson 00)

@@ -1,7 +1,6 @@
 """The recipe shrunk to two epochs of 256 digits, in float64 and in float32: what DDP computed, for the notebook to compare with one card."""
 import argparse
 import os
-import sys
 
 import torch
 import torch.distributed as dist
@@ -9,7 +8,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
-from fourcard_helpers import detect, load_mnist, report
+from fourcard_helpers import detect, load_mnist, report, exit_without_teardown
 from fourcard_helpers.models import MnistCNN
 
 parser = argparse.ArgumentParser(description=__doc__)
@@ -42,4 +41,4 @@ for dtype in (torch.float64, torch.float32):
     runs[str(dtype).removeprefix("torch.")] = {"weights": model.module.state_dict(), "first_gradients": first_gradients}
 report(**runs, digits=len(train_set), steps=2 * len(loader))  # float64 and float32 numbers travel exactly
 dist.destroy_process_group()
-sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
+exit_without_teardown()  # gloo can abort a finished rank in Python's teardown (lesson 00)

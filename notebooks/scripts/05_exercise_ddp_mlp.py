@@ -1,7 +1,4 @@
 """Exercise 4: train this regression MLP on every card torchrun starts, with DDP, as the task above says."""
-import os
-import sys
-
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -9,7 +6,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from fourcard_helpers import detect, report
+from fourcard_helpers import detect, report, exit_without_teardown
 
 generator = torch.Generator().manual_seed(0)  # the data: 512 points, y = sin(sum of x) + noise
 x = torch.randn(512, 8, generator=generator)
@@ -29,4 +26,4 @@ def main():
 
 
 main()
-sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
+exit_without_teardown()  # gloo can abort a finished rank in Python's teardown (lesson 00)

@@ -1,7 +1,6 @@
 """Gradient accumulation under DDP: four micro-batches per step, with and without no_sync, all-reduces counted."""
 import contextlib
 import os
-import sys
 
 import torch
 import torch.distributed as dist
@@ -9,7 +8,7 @@ import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from fourcard_helpers import detect, load_mnist, report
+from fourcard_helpers import detect, load_mnist, report, exit_without_teardown
 from fourcard_helpers.models import MnistCNN
 
 cards = detect(int(os.environ["WORLD_SIZE"]))
@@ -57,4 +56,4 @@ report(comm_every=comm_every, comm_no_sync=comm_no_sync, accumulated_grad=[g.cpu
        accumulated_grad_64=[g.cpu() for g in grads_64],
        accumulation_gap=max((a - b).abs().max().item() for a, b in zip(grads_every, grads_no_sync)))
 dist.destroy_process_group()
-sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
+exit_without_teardown()  # gloo can abort a finished rank in Python's teardown (lesson 00)

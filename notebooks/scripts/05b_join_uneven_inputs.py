@@ -1,6 +1,5 @@
 """Uneven inputs: rank r has 3 + r batches. Join lets the ranks that finish early shadow the others' all-reduces."""
 import os
-import sys
 
 import torch
 import torch.distributed as dist
@@ -8,7 +7,7 @@ import torch.nn.functional as F
 from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from fourcard_helpers import detect, load_mnist, report
+from fourcard_helpers import detect, load_mnist, report, exit_without_teardown
 from fourcard_helpers.models import MnistCNN
 
 cards = detect(int(os.environ["WORLD_SIZE"]))
@@ -30,4 +29,4 @@ with Join([model]):  # a rank out of batches answers the others' all-reduces wit
 print(f"Join: my {len(my_batches)} batches done", flush=True)
 report(join_steps=len(my_batches), fc2_bias=model.module.fc2.bias)
 dist.destroy_process_group()
-sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
+exit_without_teardown()  # gloo can abort a finished rank in Python's teardown (lesson 00)

@@ -1,6 +1,5 @@
 """Staged mistakes that raise nothing: no set_epoch, and every rank saving the same checkpoint file."""
 import os
-import sys
 import tempfile
 
 import torch
@@ -9,7 +8,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
-from fourcard_helpers import MnistCNN, detect, load_mnist, report
+from fourcard_helpers import MnistCNN, detect, load_mnist, report, exit_without_teardown
 
 cards = detect(int(os.environ["WORLD_SIZE"]))
 dist.init_process_group(cards.backend)
@@ -40,4 +39,4 @@ torch.save(model.module.state_dict(), path)
 dist.barrier()
 report(same_first_batch_both_epochs=first_batches[0] == first_batches[1])
 dist.destroy_process_group()
-sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
+exit_without_teardown()  # gloo can abort a finished rank in Python's teardown (lesson 00)

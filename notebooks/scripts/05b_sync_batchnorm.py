@@ -1,6 +1,5 @@
 """BatchNorm under DDP: statistics of each card's 16 digits, or of all four cards' 64 (SyncBatchNorm)."""
 import os
-import sys
 
 import torch
 import torch.distributed as dist
@@ -8,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from fourcard_helpers import detect, load_mnist, report
+from fourcard_helpers import detect, load_mnist, report, exit_without_teardown
 from fourcard_helpers.models import MnistCNNWithBatchNorm
 
 cards = detect(int(os.environ["WORLD_SIZE"]))
@@ -59,4 +58,4 @@ for kind, dtype in [(kind, dtype) for kind in ("BatchNorm", "SyncBatchNorm") for
     after_one_step[f"{kind}, {str(dtype).removeprefix('torch.')}"] = {k: v.cpu() for k, v in net.module.state_dict().items()}
 report(after_one_step=after_one_step)
 dist.destroy_process_group()
-sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
+exit_without_teardown()  # gloo can abort a finished rank in Python's teardown (lesson 00)

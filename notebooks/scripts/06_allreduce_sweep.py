@@ -1,6 +1,11 @@
-import os, sys, time
-import torch, torch.distributed as dist
-from fourcard_helpers import detect, report
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from fourcard_helpers import detect, report, exit_without_teardown
 
 cards = detect(int(os.environ["WORLD_SIZE"]))
 dist.init_process_group(cards.backend)
@@ -30,9 +35,11 @@ def ring_all_reduce(tensor):
 
 def timed(operation, tensor):
     # One timing between barriers; the slowest card's time is the collective's time.
-    dist.barrier(); sync()
+    dist.barrier()
+    sync()
     start = time.perf_counter()
-    operation(tensor); sync()
+    operation(tensor)
+    sync()
     elapsed = torch.tensor([time.perf_counter() - start], device=device)
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
     return elapsed.item()
@@ -56,4 +63,4 @@ for sweep in range(sweeps):                              # every timing is repor
 if rank == 0:
     report(timings=results, backend=cards.backend)
 dist.destroy_process_group()
-sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
+exit_without_teardown()  # gloo can abort a finished rank in Python's teardown (lesson 00)

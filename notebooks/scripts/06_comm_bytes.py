@@ -1,10 +1,15 @@
-import itertools, os, sys
+import itertools
+import os
 from contextlib import nullcontext
-import torch, torch.distributed as dist, torch.nn.functional as F
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.utils.data import DataLoader, DistributedSampler
-from fourcard_helpers import detect, report, load_mnist, MnistCNN
+
+from fourcard_helpers import detect, report, load_mnist, MnistCNN, exit_without_teardown
 
 cards = detect(int(os.environ["WORLD_SIZE"]))
 dist.init_process_group(cards.backend)
@@ -42,7 +47,8 @@ for mode, hook in HOOKS.items():
     torch.manual_seed(0)
     module = MnistCNN().to(device)
     if "frozen" in mode:                       # fine-tuning: the convolutions stay as they are
-        module.conv1.requires_grad_(False); module.conv2.requires_grad_(False)
+        module.conv1.requires_grad_(False)
+        module.conv2.requires_grad_(False)
     model = DDP(module)
     model.register_comm_hook(dist.group.WORLD, hook)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -58,8 +64,9 @@ for mode, hook in HOOKS.items():
         optimizer.zero_grad()
         sent_per_step.append(sum(sent))
     weights = torch.cat([p.detach().flatten() for p in model.parameters()])
-    card0 = weights.clone(); dist.broadcast(card0, src=0)   # card 0's weights, on every card
+    card0 = weights.clone()
+    dist.broadcast(card0, src=0)   # card 0's weights, on every card
     report(**{mode: {"bytes_per_step": sent_per_step, "micro_batches": micro,
                      "replicas_agree": torch.equal(weights, card0)}})   # bit for bit
 dist.destroy_process_group()
-sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
+exit_without_teardown()  # gloo can abort a finished rank in Python's teardown (lesson 00)

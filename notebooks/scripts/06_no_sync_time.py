@@ -1,9 +1,15 @@
-import itertools, os, time, sys
+import itertools
+import os
+import time
 from contextlib import nullcontext
-import torch, torch.distributed as dist, torch.nn.functional as F
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
-from fourcard_helpers import detect, report, load_mnist, MnistCNN
+
+from fourcard_helpers import detect, report, load_mnist, MnistCNN, exit_without_teardown
 
 cards = detect(int(os.environ["WORLD_SIZE"]))
 dist.init_process_group(cards.backend)
@@ -45,7 +51,8 @@ stream = itertools.cycle(batches)
 for round in range(ROUNDS + 1):  # round 0 is a warm-up
     for mode, (wrapped, barrier, micro) in MODES.items():
         model, optimizer = models[mode]
-        dist.barrier(); sync()
+        dist.barrier()
+        sync()
         start = time.perf_counter()
         for step in range(WINDOW // micro):
             for i in range(micro):
@@ -61,4 +68,4 @@ for round in range(ROUNDS + 1):  # round 0 is a warm-up
             seconds[mode].append((time.perf_counter() - start) / WINDOW)
 report(seconds=seconds)
 dist.destroy_process_group()
-sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
+exit_without_teardown()  # gloo can abort a finished rank in Python's teardown (lesson 00)

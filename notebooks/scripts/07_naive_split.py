@@ -1,7 +1,12 @@
 """MnistCNN cut into four stages, one per card, trained with plain send/recv: who works when."""
-import os, time, torch, torch.distributed as dist, sys
+import os
+import time
+
+import torch
+import torch.distributed as dist
 import torch.nn.functional as F
-from fourcard_helpers import detect, report, load_mnist
+
+from fourcard_helpers import detect, report, load_mnist, exit_without_teardown
 from fourcard_helpers.models import MnistCNN
 
 cards = detect(int(os.environ["WORLD_SIZE"]))
@@ -57,4 +62,4 @@ for name, dtype in (("float32", torch.float32), ("float64", torch.float64)):  # 
     report(**{name: dict(events=events, weights=stage.state_dict(), weights_after_one=weights_after_one, logits=logits,
                          peak_bytes=torch.cuda.max_memory_allocated(device) if cards.kind == "cuda" else None)})
 dist.destroy_process_group()
-sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
+exit_without_teardown()  # gloo can abort a finished rank in Python's teardown (lesson 00)

@@ -1,6 +1,12 @@
 """GPipe and 1F1B on four ranks, every operation paced to a fixed slot: the schedules' own timelines."""
-import copy, os, time, torch, torch.distributed as dist, sys
-from fourcard_helpers import detect, report, load_mnist
+import copy
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+from fourcard_helpers import detect, report, load_mnist, exit_without_teardown
 from fourcard_helpers.models import MnistCNN
 from fourcard_helpers.schedules import pipeline_order   # the same function as in the lesson (a test checks it)
 from pipeline_step import train_step                    # scripts/pipeline_step.py, written by the lesson
@@ -34,7 +40,8 @@ runs = []
 for schedule in ("GPipe", "1F1B"):
     for micro_batches in (1, 2, 4, 8, 16):
         order = pipeline_order(schedule, world, micro_batches)[rank]
-        stage.zero_grad(); stage64.zero_grad()
+        stage.zero_grad()
+        stage64.zero_grad()
         dist.barrier()
         events, peak = train_step(stage, order, x, y, micro_batches, input_shape, device, pace=PACE, now=now)
         dist.barrier()
@@ -44,4 +51,4 @@ for schedule in ("GPipe", "1F1B"):
                          grads=grads[0], grads64=grads[1]))
 report(runs=runs, pace=PACE)
 dist.destroy_process_group()
-sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
+exit_without_teardown()  # gloo can abort a finished rank in Python's teardown (lesson 00)

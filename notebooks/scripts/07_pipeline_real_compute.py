@@ -1,6 +1,11 @@
 """The same 1F1B pipeline with real compute only, no pacing: what four ranks on this machine achieve."""
-import os, time, torch, torch.distributed as dist, sys
-from fourcard_helpers import detect, report, load_mnist
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+from fourcard_helpers import detect, report, load_mnist, exit_without_teardown
 from fourcard_helpers.models import MnistCNN
 from fourcard_helpers.schedules import pipeline_order   # the same function as in the lesson (a test checks it)
 from pipeline_step import train_step                    # scripts/pipeline_step.py, written by the lesson
@@ -37,4 +42,4 @@ for repeat in range(REPEATS):           # alternate the settings, so that machin
         runs.append(dict(repeat=repeat, micro_batches=micro_batches, events=events))
 report(runs=runs, batch=BATCH)
 dist.destroy_process_group()
-sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
+exit_without_teardown()  # gloo can abort a finished rank in Python's teardown (lesson 00)

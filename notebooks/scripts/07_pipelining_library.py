@@ -1,7 +1,12 @@
-import os, warnings, torch, torch.distributed as dist, sys
+import os
+import warnings
+
+import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, SplitPoint, pipeline
-from fourcard_helpers import detect, report, load_mnist
+
+from fourcard_helpers import detect, report, load_mnist, exit_without_teardown
 from fourcard_helpers.models import MnistCNN
 
 # torch.export (inside pipeline()) warns about an internal deprecation that is not ours to fix
@@ -54,4 +59,4 @@ for name, dtype in (("float32", torch.float32), ("float64", torch.float64)):  # 
                 print(f"{name} {build:8} {Schedule.__name__:13} done", flush=True)
 report(weights=weights, after_one=after_one)
 dist.destroy_process_group()
-sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
+exit_without_teardown()  # gloo can abort a finished rank in Python's teardown (lesson 00)

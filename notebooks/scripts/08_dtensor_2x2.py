@@ -1,9 +1,15 @@
 """Four cards as a 2 × 2 grid: tensor parallel within each row, data parallel across the rows."""
-import copy, gc, os, torch, torch.distributed as dist, sys
+import copy
+import gc
+import os
+
+import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-from fourcard_helpers import detect, report
+
+from fourcard_helpers import detect, report, exit_without_teardown
 
 cards = detect(int(os.environ["WORLD_SIZE"]))
 dist.init_process_group(cards.backend)
@@ -45,4 +51,4 @@ report(groups=groups, dp_bytes=dp_bytes, gaps=gaps)
 del tp2, p, grid, dp_group  # all that holds the mesh's groups, so that they are freed
 gc.collect()  # in destroy_process_group() below, while Python runs: freed at interpreter exit, they can abort a rank
 dist.destroy_process_group()
-sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
+exit_without_teardown()  # gloo can abort a finished rank in Python's teardown (lesson 00)

@@ -1,11 +1,17 @@
 """The same Megatron MLP with DTensor: parallelize_module with ColwiseParallel and RowwiseParallel."""
-import copy, gc, os, torch, torch.distributed as dist, sys
+import copy
+import gc
+import os
+
+import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.debug import CommDebugMode
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-from fourcard_helpers import detect, report
+
+from fourcard_helpers import detect, report, exit_without_teardown
 
 cards = detect(int(os.environ["WORLD_SIZE"]))
 dist.init_process_group(cards.backend)
@@ -51,4 +57,4 @@ report(placements={name: str(p.placements) for name, p in tp.named_parameters()}
 del tp, mesh, y, xt, counting  # all that holds the mesh's groups, so that they are freed
 gc.collect()  # in destroy_process_group() below, while Python runs: freed at interpreter exit, they can abort a rank
 dist.destroy_process_group()
-sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
+exit_without_teardown()  # gloo can abort a finished rank in Python's teardown (lesson 00)

@@ -1,7 +1,11 @@
 """The same 4-block MLP as pipeline ×4 and data ×2 · pipeline ×2: what each card holds and sends."""
-import os, torch, torch.distributed as dist, sys
+import os
+
+import torch
+import torch.distributed as dist
 import torch.nn.functional as F
-from fourcard_helpers import detect, report
+
+from fourcard_helpers import detect, report, exit_without_teardown
 
 cards = detect(int(os.environ["WORLD_SIZE"]))
 dist.init_process_group(cards.backend)
@@ -58,4 +62,4 @@ layouts = {"pipeline ×4": (1, 4), "data ×2 · pipeline ×2": (2, 2)}
 report(results={name: step(*shape) for name, shape in layouts.items()}, layouts=layouts, d=d, blocks=blocks, batch=batch,
        grads64={name: step(*shape, torch.float64)["grads"] for name, shape in layouts.items()})  # the same step in float64
 dist.destroy_process_group()
-sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
+exit_without_teardown()  # gloo can abort a finished rank in Python's teardown (lesson 00)

@@ -1,7 +1,12 @@
-import os, weakref, torch, torch.distributed as dist, sys
+import os
+import weakref
 from itertools import count
+
+import torch
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
-from fourcard_helpers import MnistCNN, detect, load_mnist, report
+
+from fourcard_helpers import MnistCNN, detect, load_mnist, report, exit_without_teardown
 cards = detect(int(os.environ["WORLD_SIZE"]))
 dist.init_process_group(cards.backend)
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -42,4 +47,4 @@ def evaluate(leaky, batch=32):
 leaky, fixed = evaluate(leaky=True), evaluate(leaky=False)
 report(leaky=leaky, fixed=fixed, batch_bytes=32 * 28 * 28 * 4)
 dist.destroy_process_group()
-sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
+exit_without_teardown()  # gloo can abort a finished rank in Python's teardown (lesson 00)

@@ -1,10 +1,15 @@
 """FSDP2 with a MixedPrecisionPolicy: gather and compute in bf16, keep fp32 shards, reduce gradients in fp32."""
-import gc, os, torch, torch.distributed as dist, sys
+import gc
+import os
+
+import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
-from fourcard_helpers import detect, report
+
+from fourcard_helpers import detect, report, exit_without_teardown
 cards = detect(int(os.environ["WORLD_SIZE"]))
 dist.init_process_group(cards.backend)
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -49,4 +54,4 @@ report(output=str(out.dtype), params=sorted({str(p.dtype) for p in shards}), gra
 del model, layer, optimizer, shards, state, mesh, out  # all that holds the process group, so that it is freed
 gc.collect()  # in destroy_process_group() below, while Python runs: freed at interpreter exit, it can abort a rank
 dist.destroy_process_group()
-sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
+exit_without_teardown()  # gloo can abort a finished rank in Python's teardown (lesson 00)

@@ -1,5 +1,10 @@
-import os, torch, torch.distributed as dist, torch.nn.functional as F, sys
-from fourcard_helpers import detect, report
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from fourcard_helpers import detect, report, exit_without_teardown
 cards = detect(int(os.environ["WORLD_SIZE"]))
 dist.init_process_group(cards.backend)
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -62,4 +67,4 @@ for stage in (0, 1, 2, 3):                            # stage 0: plain DDP
 report(P=P, bytes={s: kept for s, (kept, _) in out.items()}, moved=(out[0][1] - init).abs().max().item(),
        gap_to_ddp={s: (w - out[0][1]).abs().max().item() for s, (_, w) in out.items()}, same_sums=same)
 dist.destroy_process_group()
-sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
+exit_without_teardown()  # gloo can abort a finished rank in Python's teardown (lesson 00)

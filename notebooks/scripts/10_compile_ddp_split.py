@@ -1,14 +1,13 @@
 """torch.compile under DDP: Dynamo cuts the graph where DDP's gradient buckets end."""
 import argparse
 import os
-import sys
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from fourcard_helpers import detect, report
+from fourcard_helpers import detect, report, exit_without_teardown
 
 parser = argparse.ArgumentParser(description=__doc__)
 parser.add_argument("--bucket-caps", default="default,1", help="bucket_cap_mb values to try ('default': not set)")
@@ -46,4 +45,4 @@ for cap in args.bucket_caps.split(","):
     found[cap] = {"linear_layers_per_graph": list(graphs), "ddp_all_reduces": all_reduces}
 report(found=found)
 dist.destroy_process_group()
-sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
+exit_without_teardown()  # gloo can abort a finished rank in Python's teardown (lesson 00)

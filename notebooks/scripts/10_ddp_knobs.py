@@ -1,11 +1,13 @@
 """DDP's knobs on the case study: buckets, gradients as bucket views, static graph, buffers, unused parameters."""
-import os, statistics, sys, time
+import os
+import statistics
+import time
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from fourcard_helpers import detect, load_mnist, report
+from fourcard_helpers import detect, load_mnist, report, exit_without_teardown
 from fourcard_helpers.models import MnistCNNWithBatchNorm
 
 ROUNDS, STEPS = 2, 5  # timing: each round times every setting for STEPS steps
@@ -60,4 +62,4 @@ for name, model in models.items():
                        grad_storages=len(storages), step_ms=1000 * statistics.median(times[name]))
 report(found=found)
 dist.destroy_process_group()
-sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
+exit_without_teardown()  # gloo can abort a finished rank in Python's teardown (lesson 00)

@@ -1,7 +1,6 @@
 """SGD with momentum vs AdamW on the case study on four cards: learning rates, batch sizes, warm-up."""
 import argparse
 import os
-import sys
 import tempfile
 from pathlib import Path
 
@@ -12,7 +11,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
-from fourcard_helpers import detect, load_mnist, report
+from fourcard_helpers import detect, load_mnist, report, exit_without_teardown
 from fourcard_helpers.models import MnistCNN
 
 RUNS = "sgd:0.005:16:0,sgd:0.05:16:0,sgd:0.5:16:0,adamw:0.0001:16:0,adamw:0.001:16:0,adamw:0.01:16:0"
@@ -61,4 +60,4 @@ for run in args.runs.split(","):
         torch.save(model.module.state_dict(), args.checkpoint)
 report(results=results)
 dist.destroy_process_group()
-sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
+exit_without_teardown()  # gloo can abort a finished rank in Python's teardown (lesson 00)

@@ -1,11 +1,18 @@
-import argparse, itertools, os, torch, torch.distributed as dist, torch.nn.functional as F, sys
+import argparse
+import itertools
+import os
 from contextlib import nullcontext
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
+
 from comm_meter import CountBytes, accuracy, clock, flat_weights, model_state_bytes, peak_memory
-from fourcard_helpers import detect, load_mnist, report
+from fourcard_helpers import detect, load_mnist, report, exit_without_teardown
 from fourcard_helpers.models import MnistCNN
 
 parser = argparse.ArgumentParser()
@@ -62,4 +69,4 @@ for dtype, strategy in itertools.product(args.dtypes.split(","), ("single card",
             print(f"{strategy:16} {dtype}: {result['samples_per_s']:5.0f} samples/s, accuracy {result['accuracy']:.1%}", flush=True)
     dist.barrier()                                      # the other cards wait while one card trains alone
 dist.destroy_process_group()
-sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
+exit_without_teardown()  # gloo can abort a finished rank in Python's teardown (lesson 00)

@@ -1,8 +1,15 @@
-import argparse, itertools, os, torch, torch.distributed as dist, torch.nn.functional as F, sys
+import argparse
+import itertools
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 from torch.utils.data import DataLoader, DistributedSampler
+
 from comm_meter import CountBytes, accuracy, clock, flat_weights, model_state_bytes, peak_memory
-from fourcard_helpers import detect, load_mnist, report
+from fourcard_helpers import detect, load_mnist, report, exit_without_teardown
 from fourcard_helpers.models import MnistCNN
 
 parser = argparse.ArgumentParser()
@@ -59,4 +66,4 @@ for dtype in args.dtypes.split(","):
     if rank == 0:
         print(f"pipeline 1F1B    {dtype}: {result['samples_per_s']:5.0f} samples/s, accuracy {result['accuracy']:.1%}", flush=True)
 dist.destroy_process_group()
-sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
+exit_without_teardown()  # gloo can abort a finished rank in Python's teardown (lesson 00)

@@ -1,12 +1,11 @@
 """Ranks out of step: rank 3 all-reduces a tensor of another shape. TORCH_DISTRIBUTED_DEBUG=DETAIL says so."""
 import os
-import sys
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-from fourcard_helpers import detect
+from fourcard_helpers import detect, exit_without_teardown
 
 # The same as starting the job as `TORCH_DISTRIBUTED_DEBUG=DETAIL torchrun ...`; must come before the group.
 dist.set_debug_level(dist.DebugLevel.DETAIL)
@@ -20,4 +19,4 @@ dist.all_reduce(torch.ones(4, device=device))  # every rank agrees: fine
 last_batch = 3 if rank == 3 else 4  # as when rank 3 holds fewer samples of an unpadded split
 dist.all_reduce(torch.ones(last_batch, device=device))  # DETAIL compares every rank's call before running it
 dist.destroy_process_group()
-sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
+exit_without_teardown()  # gloo can abort a finished rank in Python's teardown (lesson 00)

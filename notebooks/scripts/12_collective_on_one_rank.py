@@ -1,12 +1,11 @@
 """A stuck job: an all-reduce called on rank 0 only. A short process-group timeout turns the hang into an error."""
 import datetime
 import os
-import sys
 
 import torch
 import torch.distributed as dist
 
-from fourcard_helpers import detect
+from fourcard_helpers import detect, exit_without_teardown
 
 cards = detect(int(os.environ["LOCAL_WORLD_SIZE"]))
 dist.init_process_group(cards.backend)  # default timeout: on a busy machine start-up alone can take a while
@@ -23,4 +22,4 @@ if rank == 0:  # "only rank 0 logs, so only rank 0 needs the mean loss"...
     print(f"mean loss {loss.item() / 4:.3f}", flush=True)
 dist.barrier()  # the other ranks went on to the next collective (in the job's group, default timeout)
 dist.destroy_process_group()
-sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
+exit_without_teardown()  # gloo can abort a finished rank in Python's teardown (lesson 00)

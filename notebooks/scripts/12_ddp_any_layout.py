@@ -2,7 +2,6 @@
 import hashlib
 import os
 import socket
-import sys
 
 import torch
 import torch.distributed as dist
@@ -10,7 +9,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
-from fourcard_helpers import detect, load_mnist, report
+from fourcard_helpers import detect, load_mnist, report, exit_without_teardown
 from fourcard_helpers.models import MnistCNN
 
 # torchrun (one agent per node) told each rank where it is in the world:
@@ -39,4 +38,4 @@ report(**where, host=socket.gethostname(), agent_pid=os.getppid(), steps=len(loa
        CUDA_VISIBLE_DEVICES=os.environ.get("CUDA_VISIBLE_DEVICES"),  # which GPUs this node's agent was given
        TORCH_NCCL_ASYNC_ERROR_HANDLING=os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING"))  # section 5
 dist.destroy_process_group()
-sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
+exit_without_teardown()  # gloo can abort a finished rank in Python's teardown (lesson 00)

@@ -2,7 +2,6 @@
 import argparse
 import hashlib
 import os
-import sys
 import tempfile
 
 import torch
@@ -13,7 +12,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from fourcard_helpers import detect, report
+from fourcard_helpers import detect, exit_without_teardown, report
 from fourcard_helpers.models import MnistCNN
 
 parser = argparse.ArgumentParser(description=__doc__)
@@ -49,4 +48,4 @@ report(rows={name: list(p.to_local().shape) for name, p in model.named_parameter
        before_sha256=before, weights_sha256=weights_sha256(model), adam_steps=float(optimizer.state_dict()["state"][0]["step"]),
        steps_before_load=steps_before_load)
 dist.destroy_process_group()
-sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
+exit_without_teardown()  # gloo can abort a finished rank in Python's teardown (lesson 00)

@@ -3,7 +3,6 @@ import argparse
 import hashlib
 import os
 import shutil
-import sys
 import tempfile
 
 import torch
@@ -14,7 +13,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from fourcard_helpers import detect, load_mnist, report
+from fourcard_helpers import detect, load_mnist, report, exit_without_teardown
 from fourcard_helpers.models import MnistCNN
 
 parser = argparse.ArgumentParser(description=__doc__)
@@ -49,4 +48,4 @@ digest = hashlib.sha256(b"".join(t.cpu().numpy().tobytes() for t in full.values(
 report(rows={name: list(p.to_local().shape) for name, p in model.named_parameters()},
        files=sorted(os.listdir(args.checkpoint_dir)), weights_sha256=digest)
 dist.destroy_process_group()
-sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
+exit_without_teardown()  # gloo can abort a finished rank in Python's teardown (lesson 00)

@@ -1,12 +1,11 @@
 """A stuck job: rank 3 never reaches the barrier, and monitored_barrier names it."""
 import os
-import sys
 import time
 from datetime import timedelta
 
 import torch.distributed as dist
 
-from fourcard_helpers import detect
+from fourcard_helpers import detect, exit_without_teardown
 
 cards = detect(int(os.environ["LOCAL_WORLD_SIZE"]))
 # A backstop: forming the group and every collective of it give up after 20 s (defaults: gloo 30 min, NCCL 10 min).
@@ -22,4 +21,4 @@ except RuntimeError:
     time.sleep(0 if rank == 0 else 10)  # rank 0's error names the missing rank: let it be the one that ends the job
     raise
 dist.destroy_process_group()
-sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
+exit_without_teardown()  # gloo can abort a finished rank in Python's teardown (lesson 00)

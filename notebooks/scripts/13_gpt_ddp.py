@@ -1,10 +1,15 @@
 """Lesson 13's GPT with DDP on four cards: each rank takes its quarter of the same batches of windows. Reports the
 first step's gradient and the weights after --steps AdamW steps in each of --dtypes, each rank's loss at every step,
 and DDP's buckets in one step under bf16 autocast; --save DIR keeps the model."""
-import argparse, os, sys, torch, torch.distributed as dist
+import argparse
+import os
+
+import torch
+import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
-from fourcard_helpers import detect, report
+
+from fourcard_helpers import detect, report, exit_without_teardown
 from fourcard_helpers.gpt import GPT, GPTConfig, get_batch, poem_tokens
 
 parser = argparse.ArgumentParser(description=__doc__)
@@ -54,4 +59,4 @@ if args.save and rank == 0:
 report(weights=weights if rank == 0 else None, gradients=gradients if rank == 0 else None, losses=losses,
        buckets=buckets, autocast_gradients=sorted({str(p.grad.dtype) for p in mixed.parameters()}))
 dist.destroy_process_group()
-sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
+exit_without_teardown()  # gloo can abort a finished rank in Python's teardown (lesson 00)

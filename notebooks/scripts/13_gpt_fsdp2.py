@@ -2,11 +2,16 @@
 float32 against bf16 mixed precision (fp32 shards, bf16 compute, fp32 gradient reduction) and against float32 on other
 batches (the yardstick), 8 steps of 16 windows; section 3's first step in float32 and its 4 steps in float64, to compare
 with one card; one step reducing in bf16. Reports losses, fixed-batch losses, held bytes and dtypes, weights, gradients."""
-import os, sys, torch, torch.distributed as dist, torch.nn.functional as F
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from fourcard_helpers import detect, report
+
+from fourcard_helpers import detect, report, exit_without_teardown
 from fourcard_helpers.gpt import GPT, Checkpointed, GPTConfig, get_batch, poem_tokens
 
 BATCH, SMALL = 32, 16                     # section 3's batch; the 8-step runs' batch
@@ -14,7 +19,8 @@ cards = detect(int(os.environ["WORLD_SIZE"]))
 dist.init_process_group(cards.backend)
 rank, world = dist.get_rank(), dist.get_world_size()
 device = cards.device(int(os.environ["LOCAL_RANK"]))
-if cards.kind == "cuda": torch.cuda.set_device(device)
+if cards.kind == "cuda":
+    torch.cuda.set_device(device)
 mesh = init_device_mesh(cards.kind, (world,))
 tokens, chars = poem_tokens()
 config = GPTConfig(vocab_size=len(chars))
@@ -62,4 +68,4 @@ for run, policy, dtype, data_seed, steps, batch in (("float32", AS_IS, torch.flo
                  "gradient": first if run in ("float32, one step", "float64") and rank == 0 else None}
 report(**runs)
 dist.destroy_process_group()
-sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
+exit_without_teardown()  # gloo can abort a finished rank in Python's teardown (lesson 00)

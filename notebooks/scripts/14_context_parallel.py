@@ -2,12 +2,17 @@
 sequence (balanced: a front and a back chunk per rank) and runs `scaled_dot_product_attention` blockwise, merging by
 the log-sum-exp rule. Causal, float32, forward and backward, against one card in float64 and in float32. In torch
 2.13 only the GPU's attention kernels have its sharding rules: on a CPU it reports the error it meets instead."""
-import os, sys, torch, torch.distributed as dist, torch.nn.functional as F
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.experimental import context_parallel
 from torch.distributed.tensor.experimental._attention import context_parallel_unshard
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from fourcard_helpers import detect, report
+
+from fourcard_helpers import detect, report, exit_without_teardown
 
 T, HEADS, HEAD_DIM = 1024, 4, 64
 cards = detect(int(os.environ["WORLD_SIZE"]))
@@ -45,6 +50,6 @@ try:
 except NotImplementedError as error:
     report(error=f"{type(error).__name__}: {str(error).splitlines()[0]}")
 dist.destroy_process_group()
-sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
+exit_without_teardown()  # gloo can abort a finished rank in Python's teardown (lesson 00)
 
 

@@ -2,9 +2,13 @@
 on each rank), and two data-parallel copies of every expert. Top-2, a capacity per rank, the balancing loss of the
 whole batch, as the previous launch; the all-to-alls stay inside a rank's expert group, and each expert's gradient is
 all-reduced over the data dimension, with its copy. Float64. Reports each rank's output, loss and gradients."""
-import os, sys, torch, torch.distributed as dist
+import os
+
+import torch
+import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from fourcard_helpers import detect, report
+
+from fourcard_helpers import detect, report, exit_without_teardown
 from fourcard_helpers.moe import MoE, expert_parallel
 
 D, E, TOKENS, FACTOR, ALPHA = 64, 8, 256, 1.0, 0.01   # width, experts, tokens per rank, capacity factor, α
@@ -40,4 +44,4 @@ dist.all_reduce(totals)                            # the batch's loss and balanc
 report(out=out, loss=totals[0].item(), balance=totals[1].item(), router_grad=[p.grad for p in moe.router.parameters()],
        expert_grads={e: [p.grad for p in moe.experts[e].parameters()] for e in experts})
 dist.destroy_process_group()
-sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
+exit_without_teardown()  # gloo can abort a finished rank in Python's teardown (lesson 00)

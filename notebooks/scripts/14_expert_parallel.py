@@ -2,9 +2,14 @@
 Each rank routes its quarter of a batch of tokens with its replica of the router; two all-to-alls carry every token
 to its expert's rank and the result back. Float64, no capacity. Reports each rank's output, its gradients, and the
 bytes each all-to-all (and all-reduce) of forward and backward sent to each rank."""
-import math, os, sys, torch, torch.distributed as dist
+import math
+import os
+
+import torch
+import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
-from fourcard_helpers import detect, report
+
+from fourcard_helpers import detect, report, exit_without_teardown
 from fourcard_helpers.moe import MoE, expert_parallel
 
 class Collectives(TorchDispatchMode):          # every collective passes through as an operator: note its bytes
@@ -42,4 +47,4 @@ report(tokens=TOKENS, out=out, x_grad=x.grad, received=received, collectives=cou
        expert_grads={e: torch.cat([p.grad.flatten() for p in moe.experts[e].parameters()]) for e in experts},
        router_grad=torch.cat([p.grad.flatten() for p in moe.router.parameters()]) if rank == 0 else None)
 dist.destroy_process_group()
-sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
+exit_without_teardown()  # gloo can abort a finished rank in Python's teardown (lesson 00)

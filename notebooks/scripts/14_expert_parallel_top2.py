@@ -1,8 +1,12 @@
 """Lesson 14's expert parallel as production runs it: top-2 routing, a capacity that each rank applies to its own
 tokens, and the load-balancing loss from the whole batch's statistics. 8 experts spread over the ranks, float64.
 Reports each rank's output, its part of the loss, its gradients, and which of its assignments it kept."""
-import os, sys, torch, torch.distributed as dist
-from fourcard_helpers import detect, report
+import os
+
+import torch
+import torch.distributed as dist
+
+from fourcard_helpers import detect, report, exit_without_teardown
 from fourcard_helpers.moe import MoE, expert_parallel, within_capacity
 
 D, E, TOKENS, FACTOR, ALPHA = 64, 8, 256, 1.0, 0.01   # width, experts, tokens per rank, capacity factor, α
@@ -34,4 +38,4 @@ report(setting=[TOKENS, FACTOR, ALPHA], out=out, x_grad=x.grad, loss=totals[0].i
        kept=within_capacity(chosen, E, FACTOR), router_grad=[p.grad for p in moe.router.parameters()],
        expert_grads={e: [p.grad for p in moe.experts[e].parameters()] for e in experts})
 dist.destroy_process_group()
-sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
+exit_without_teardown()  # gloo can abort a finished rank in Python's teardown (lesson 00)

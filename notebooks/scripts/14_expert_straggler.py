@@ -3,8 +3,13 @@ it starts (roughly even) and tilted toward expert 0 (on rank 0). Reports, for ea
 experts received, and per repeat the step's time and the time of the same expert work done alone, with no
 communication: the step's compute. Then the cost model's measurements: all-reduces of 16 KiB to 4 MiB, and an
 all-to-all as an even router's dispatch sends it (each rank's rows, a quarter to each rank). Float64."""
-import os, sys, time, torch, torch.distributed as dist
-from fourcard_helpers import detect, report
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+from fourcard_helpers import detect, report, exit_without_teardown
 from fourcard_helpers.moe import MoE, expert_parallel
 
 D, E, TOKENS, REPEATS, TILT = 64, 8, 4096, 4, 1.5   # width, experts, tokens per rank, timed steps, router bias
@@ -54,4 +59,4 @@ for what, numbers in [("all-reduce", 2**k // 8) for k in (14, 16, 18, 20, 22)] +
     seconds[f"{what} {buffer.nbytes}"] = times[1:]
 report(**runs, seconds=seconds, setting=[TOKENS, TILT])
 dist.destroy_process_group()
-sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
+exit_without_teardown()  # gloo can abort a finished rank in Python's teardown (lesson 00)

@@ -1,7 +1,13 @@
 """Lesson 13's GPT, one sequence cut head-tail over four ranks, float64, with the lean ring and with section 2's ring.
 Reports the loss, the gradients' gaps from one card, the bytes sent and held; and a mistake's: positions at 0-127."""
-import copy, os, sys, torch, torch.distributed as dist, torch.nn.functional as F
-from fourcard_helpers import detect, report
+import copy
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from fourcard_helpers import detect, report, exit_without_teardown
 from fourcard_helpers.gpt import GPT, GPTConfig, get_batch, poem_tokens
 from fourcard_helpers.memory import LiveTensorBytes
 from fourcard_helpers.ring import LeanRingAttention, chunk_positions, ring_attention
@@ -55,4 +61,4 @@ for model, (ring, attention, at) in zip(copies, (("lean", LeanRingAttention.appl
 report(one_card_loss=one_card_loss.item(), shape=[T, one_card.config.n_layer, one_card.config.n_head,
        one_card.config.d_model // one_card.config.n_head], **runs)
 dist.destroy_process_group()
-sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
+exit_without_teardown()  # gloo can abort a finished rank in Python's teardown (lesson 00)

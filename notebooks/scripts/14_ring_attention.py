@@ -1,7 +1,11 @@
 """Ring attention by hand on four ranks, causal, float64, the sequence in consecutive quarters then balanced. Reports
 each rank's positions, output and gradients, the bytes it sent forward and backward, and the score entries it used."""
-import os, sys, torch, torch.distributed as dist
-from fourcard_helpers import detect, report
+import os
+
+import torch
+import torch.distributed as dist
+
+from fourcard_helpers import detect, report, exit_without_teardown
 from fourcard_helpers.ring import attend, chunk_positions, merge
 
 T, HEADS, HEAD_DIM = 256, 4, 16
@@ -60,6 +64,6 @@ for layout in ("consecutive", "balanced"):
                           (("out", out), ("dq", my_q.grad), ("dk", my_k.grad), ("dv", my_v.grad))}}
 report(**results)
 dist.destroy_process_group()
-sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
+exit_without_teardown()  # gloo can abort a finished rank in Python's teardown (lesson 00)
 
 

@@ -2,8 +2,13 @@
 receive of the next block, computes on the block it holds, then waits for what is left of the transfer; and, as the
 baseline, computes first and only then sends and waits. Causal, float32, the sequence cut in consecutive quarters and
 balanced. Reports each rank's timelines: (what, start, end) in seconds from a common start, "compute" or "wait"."""
-import os, sys, time, torch, torch.distributed as dist
-from fourcard_helpers import detect, report
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+from fourcard_helpers import detect, report, exit_without_teardown
 from fourcard_helpers.ring import attend, chunk_positions, merge
 
 T, HEADS, HEAD_DIM = 4096, 4, 16
@@ -51,6 +56,6 @@ for schedule, layout in runs + [(s, l) for s in timelines for l in ("consecutive
     timelines[schedule][layout] = events
 report(timelines=timelines)
 dist.destroy_process_group()
-sys.stdout.flush(); os._exit(0)  # skip Python's teardown, which can abort a gloo rank (lesson 00)
+exit_without_teardown()  # gloo can abort a finished rank in Python's teardown (lesson 00)
 
 

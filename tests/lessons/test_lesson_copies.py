@@ -11,10 +11,11 @@ import inspect
 
 import pytest
 
-from fourcard_helpers import gpt, loaders, moe, ring, schedules
+from fourcard_helpers import gpt, loaders, moe, reporting, ring, schedules
 from helpers import NOTEBOOKS, cells, source
 
 COPIES = [  # (lesson, name, the package's object)
+    ("00_cards_and_launching", "exit_without_teardown", reporting.exit_without_teardown),  # every script's last line
     ("04_data_loading", "BatchIndexSampler", loaders.BatchIndexSampler),
     ("04_data_loading", "seed_worker", loaders.seed_worker),
     ("07_model_and_pipeline_parallel", "pipeline_order", schedules.pipeline_order),  # the ranks' scripts import it

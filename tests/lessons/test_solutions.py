@@ -8,7 +8,8 @@ import pytest
 from fourcard_helpers.launch import torchrun
 
 SCRIPT = '''
-import os, sys
+import os
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -17,7 +18,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from fourcard_helpers import detect, report
+from fourcard_helpers import detect, exit_without_teardown, report
 from fourcard_helpers.solutions import BucketedDDP, HandFSDP, OverlappedDDP, ShardedOptimizer
 
 cards = detect(int(os.environ["WORLD_SIZE"]))
@@ -225,8 +226,7 @@ for name, wrap in (("overlapped", OverlappedDDP), ("bucketed", lambda m: Buckete
 
 report(**found)
 dist.destroy_process_group()
-sys.stdout.flush()
-os._exit(0)
+exit_without_teardown()
 '''
 
 

@@ -12,10 +12,11 @@ from fourcard_helpers.launch import torchrun
 CALLS = 2100  # more than the default keeps
 
 SCRIPT = textwrap.dedent(f"""
-    import os, pickle, sys
+    import pickle
+
     import torch
     import torch.distributed as dist
-    from fourcard_helpers import report
+    from fourcard_helpers import exit_without_teardown, report
     dist.init_process_group("gloo")
     x = torch.ones(1)
     for _ in range({CALLS}):
@@ -23,7 +24,7 @@ SCRIPT = textwrap.dedent(f"""
     record = pickle.loads(torch._C._distributed_c10d._dump_fr_trace())
     report(seq=[entry["collective_seq_id"] for entry in record.get("entries", [])])
     dist.destroy_process_group()
-    sys.stdout.flush(); os._exit(0)
+    exit_without_teardown()
 """)
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -19,8 +18,8 @@ import torch
 
 from fourcard_helpers.launch import LaunchError, leftover_processes, rank_pids, torchrun
 from fourcard_helpers.lifecycle import wait_until
-from fourcard_helpers.rundir import DEVICE_ENV, RUN_DIR_ENV
-from helpers import INIT, assert_nothing_left, script, start_kernel_like_launch
+from fourcard_helpers.rundir import UNBUFFERED_ENV
+from helpers import INIT, assert_nothing_left, plain_environment, plain_torchrun_command, script, start_kernel_like_launch
 
 
 @pytest.mark.slow
@@ -234,10 +233,8 @@ def test_a_script_ends_as_it_would_in_a_terminal(tmp_path: Path) -> None:
     path.write_text(EXIT_LIKE_A_TERMINAL)
     (tmp_path / "plain").mkdir()
     (tmp_path / "launcher").mkdir()
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop(RUN_DIR_ENV, None)
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                    str(path), str(tmp_path / "plain")], check=True, env=env, capture_output=True)
+    subprocess.run(plain_torchrun_command(["--standalone", "--nproc-per-node=2"], path, str(tmp_path / "plain")),
+                   check=True, env=plain_environment(), capture_output=True)
     torchrun(path, nproc=2, args=[str(tmp_path / "launcher")], timeout=300, echo=False)
 
     def files(folder: str) -> dict[str, str]:
@@ -283,15 +280,13 @@ sys.stdout.flush(); os._exit(code)
 @pytest.mark.slow
 @pytest.mark.parametrize("code", [0, 3])
 def test_a_script_that_ends_with_os_exit_ends_the_same_way_in_both_launchers(tmp_path: Path, code: int) -> None:
-    """The shipped scripts end with os._exit (lesson 00): under plain torchrun and under the course's
+    """The shipped scripts end with exit_without_teardown(), an os._exit (lesson 00): under plain torchrun and under the course's
     launcher, which takes the script's own os._exit as its end, the exit code and the flushed output
     are the same."""
     path = tmp_path / "ending.py"
     path.write_text(ENDS_WITH_OS_EXIT)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", DEVICE_ENV: "cpu", "PYTHONUNBUFFERED": "0"}
-    env.pop(RUN_DIR_ENV, None)
-    plain = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                            str(path), str(code)], env=env, capture_output=True, text=True)
+    plain = subprocess.run(plain_torchrun_command(["--standalone", "--nproc-per-node=2"], path, str(code)),
+                           env=plain_environment(**{UNBUFFERED_ENV: "0"}), capture_output=True, text=True)
     for rank in (0, 1):
         assert f"rank {rank}: total 56, not flushed yet" in plain.stdout
     if code == 0:
@@ -305,4 +300,31 @@ def test_a_script_that_ends_with_os_exit_ends_the_same_way_in_both_launchers(tmp
         with pytest.raises(LaunchError) as caught:
             torchrun(path, nproc=2, args=[str(code)], timeout=300, echo=False)
         assert f"exited with code {code} (os._exit({code}))" in str(caught.value)
+    assert_nothing_left()
+
+
+LEAVES_ITS_BUFFERS = INIT + """
+folder = sys.argv[1]
+log = open(os.path.join(folder, f"unflushed.{rank}"), "w")  # never flushed, never closed
+log.write("held in the file's buffer")
+dist.destroy_process_group()
+os._exit(0)  # no flush first: what the buffers hold is dropped, in a terminal as in a cell
+"""
+
+
+@pytest.mark.slow
+def test_after_a_scripts_own_os_exit_nothing_is_flushed_in_either_launcher(tmp_path: Path) -> None:
+    """Lesson 00: a saved script ends the same way in a cell and in a terminal. After the script's own
+    os._exit the course's launcher waits for nothing and flushes nothing, as plain torchrun's rank does
+    (print() is the one difference the lesson names: the launcher's ranks write it unbuffered)."""
+    path = tmp_path / "buffers.py"
+    path.write_text(LEAVES_ITS_BUFFERS)
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "launcher").mkdir()
+    plain = subprocess.run(plain_torchrun_command(["--standalone", "--nproc-per-node=2"], path, str(tmp_path / "plain")),
+                           env=plain_environment(), capture_output=True, text=True)
+    assert plain.returncode == 0, plain.stderr[-2000:]
+    torchrun(path, nproc=2, args=[str(tmp_path / "launcher")], timeout=300, echo=False)
+    for folder in ("plain", "launcher"):
+        assert {p.name: p.read_text() for p in sorted((tmp_path / folder).iterdir())} == {"unflushed.0": "", "unflushed.1": ""}
     assert_nothing_left()

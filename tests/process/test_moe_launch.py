@@ -51,7 +51,7 @@ def variants_in_one_launch(text: str, variants: dict[str, tuple[str, str] | None
     """One script that runs the lesson's script once per variant (a mistake written into its text) in one launch,
     each in a fresh namespace, and reports {variant: what the script reports}: one launch's start-up for all."""
     one_group = [("dist.init_process_group(cards.backend)", "pass"), ("dist.destroy_process_group()", "pass"),
-                 ("sys.stdout.flush(); os._exit(0)", "pass"), ("report(", "found[VARIANT] = dict(")]
+                 ("exit_without_teardown()", "pass"), ("report(", "found[VARIANT] = dict(")]
     bodies = {}
     for name, change in variants.items():
         body = text
@@ -60,11 +60,11 @@ def variants_in_one_launch(text: str, variants: dict[str, tuple[str, str] | None
             body = body.replace(old, new)
         bodies[name] = body
     return "\n".join([
-        "import os, sys, torch.distributed as dist", "from fourcard_helpers import detect, report",
+        "import os", "import torch.distributed as dist", "from fourcard_helpers import detect, exit_without_teardown, report",
         "dist.init_process_group(detect(int(os.environ['WORLD_SIZE'])).backend)", f"found, BODIES = {{}}, {bodies!r}",
         "for name, body in BODIES.items():",
         "    exec(compile(body, name, 'exec'), {'found': found, 'VARIANT': name})",
-        "report(**found)", "dist.destroy_process_group()", "sys.stdout.flush(); os._exit(0)", ""])
+        "report(**found)", "dist.destroy_process_group()", "exit_without_teardown()", ""])
 
 
 @pytest.mark.slow

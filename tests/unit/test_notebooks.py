@@ -41,7 +41,8 @@ def test_title_summary_and_exercises(path: Path) -> None:
     assert re.search(r"^## Summary", text, re.M) and re.search(r"^## Exercises", text, re.M)
 
 
-MAX_LAUNCH_LINES = 65  # "one idea per launch": a script a learner reads in one screen or two
+MAX_LAUNCH_LINES = 85  # "one idea per launch": a script a learner reads in one screen or two, one statement a line
+# (tests/lessons/test_scripts.py); lesson 13's 2 × 2 mesh, tensor + sequence parallel under FSDP2, is the longest
 
 
 def hidden(cell: dict) -> bool:
