@@ -46,7 +46,7 @@ import time
 from pathlib import Path
 from typing import IO, Callable, Iterable, Mapping, Union
 
-from .rundir import LAUNCHER_ENV, RUN_DIR_ENV, WATCH_FD_ENV, RunDir
+from .rundir import LAUNCHER_ENV, RUN_DIR_ENV, SESSION_ENV, WATCH_FD_ENV, RunDir
 
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
@@ -298,10 +298,12 @@ def rank_pids(launcher_pid: int | None = None) -> dict[int, int]:
     """{global rank: pid} of the rank processes that launches from this process run now.
 
     What `py-spy dump --pid` and `kill -USR1` need to look inside a launch while it waits (lesson 12):
-    each running launch's (or warm session's) run folder, named in the environment of its processes
-    (`leftover_processes()`), records every rank's pid (rundir.py), and a recorded pid counts while its
-    process still carries that folder's name."""
-    folders = {env.get(RUN_DIR_ENV) for pid in leftover_processes(launcher_pid) if (env := environment(pid))}
+    each running launch's run folder, named in the environment of its processes (`leftover_processes()`),
+    records every rank's pid (rundir.py), and a recorded pid counts while its process still carries that
+    folder's name. A warm session's ranks record theirs too, but are left out here (their ranks would
+    share the numbers of a launch's): `RankSession.pids` names them."""
+    folders = {env.get(RUN_DIR_ENV) for pid in leftover_processes(launcher_pid)
+               if (env := environment(pid)) and SESSION_ENV not in env}
     ranks = {}
     for folder in sorted(filter(None, folders)):
         ranks.update(running_ranks(RunDir(folder)))

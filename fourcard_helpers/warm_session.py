@@ -176,6 +176,10 @@ class RankSession:
         for engine in self.client.ids:
             engines[self.client[engine].apply_sync(identity)] = engine
         self.pids = run.pids()  # each rank recorded its pid before it registered (warm_engines.py)
+        if sorted(self.pids) != list(range(self.nproc)):  # without them a dead rank would go unnoticed
+            raise RankSessionError(_("The ranks did not all record their process ids in the run folder (ranks {found} "
+                                     "of {nproc}): the session cannot watch them.").format(found=sorted(self.pids),
+                                                                                           nproc=self.nproc))
         # One view of all the engines: a cell is serialised once and sent to each, where a view per
         # engine would serialise it once per rank (a few ms a cell on a small machine).
         self.every_rank = self.client[[engines[rank] for rank in range(self.nproc)]]

@@ -77,7 +77,7 @@ def _error_record(error: BaseException, rank: int, when: float) -> dict[str, Any
 
 def _end_as_a_terminal_would() -> None:
     """What Python does at exit that a script can notice: wait for the script's non-daemon
-    threads, run its `atexit` handlers, flush the files it left open, flush stdout/stderr.
+    threads, run its `atexit` handlers, flush stdout/stderr and the files it left open.
     Only the destruction of every object is skipped (see the module's docstring)."""
     for thread in threading.enumerate():
         if thread is not threading.main_thread() and not thread.daemon:

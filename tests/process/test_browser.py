@@ -99,8 +99,13 @@ def serve(workdir: Path, locale: str = "en") -> Iterator[str]:
             return False
 
     try:
-        if wait_until(answers, 120, lambda: first_dead({"jupyter lab": server})):  # the bound ends a failure only
-            raise RuntimeError(f"jupyter lab exited: {(workdir / 'lab.log').read_text()[-2000:]}")
+        try:  # the bound ends a failure only
+            died = wait_until(answers, 120, lambda: first_dead({"jupyter lab": server}))
+            why = f"{died} exited" if died else None
+        except TimeoutError:
+            why = "jupyter lab did not answer within 120 s"
+        if why:
+            raise RuntimeError(f"{why}: {(workdir / 'lab.log').read_text()[-2000:]}")
         yield f"{url}|{token}"
     finally:
         stop([server], grace=20)  # the server and every kernel it started: its group, SIGTERM, then SIGKILL

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from fourcard_helpers import RankSession, RankSessionError, leftover_processes, warm_session
+from fourcard_helpers import RankSession, RankSessionError, leftover_processes, rank_pids, warm_session
 from helpers import wait_for
 
 pytestmark = pytest.mark.slow  # every test here starts ranks, a kernel or a browser: not in the fast tier
@@ -18,6 +18,8 @@ def test_cells_run_on_every_rank_and_values_come_back_by_rank() -> None:
         # pull is indexed by RANK (ipyparallel's engine ids need not match ranks)
         assert ranks.pull("rank") == [0, 1]
         assert ranks.run("import os; int(os.environ['RANK'])") == [0, 1]
+        assert ranks.run("import os; os.getpid()") == [ranks.pids[0], ranks.pids[1]]  # the run folder's records
+        assert rank_pids() == {}  # a launch's ranks only: the session's would share their numbers
         values = ranks.run("x = torch.tensor([rank + 1.0]); dist.all_reduce(x); x")
         assert [value.tolist() for value in values] == [[3.0], [3.0]]
         ranks.push(scale=10.0)

@@ -39,7 +39,7 @@ def _tasks(name: str) -> list[int]:
     return [pid for pid in pids() if " ".join(command_line(pid)).startswith(name)]
 
 
-def _steps_of(folder: Path) -> list[str]:
+def _steps_of(folder: Path) -> list[int]:
     """Pids of the `slurmstepd` processes of the cluster in `folder` (slurmd hands each the cluster's SLURM_CONF):
     another practice cluster on this machine (lesson 12b, run beside the tests) has steps of its own."""
     return [pid for pid in _tasks("slurmstepd") if carries(pid, SLURM_CONF_ENV, str(folder / "slurm.conf"))]
