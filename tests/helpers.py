@@ -216,7 +216,7 @@ def plain_torchrun(nproc: int, nnodes: int) -> list[list[str]]:
 
 def plain_torchrun_command(agent: list[str], script: str | Path, *args: str) -> list[str]:
     """The command line of one torchrun agent as a learner types it (`torchrun AGENT SCRIPT ARGS`), run
-    by this Python: the one place tests and benchmarks build it."""
+    by this Python: the one place the tests build it (benchmarks that time a bare launch build their own)."""
     return [sys.executable, "-m", "torch.distributed.run", *agent, str(script), *args]
 
 
