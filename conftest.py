@@ -51,16 +51,13 @@ def pytest_runtest_setup(item: pytest.Item):
 # rounding, started in the background (tests/lessons/conftest.py), keep the cores busy; at the end of the suite,
 # after those runs had ended, it waited on idle cores. Lessons 12 and 12b wait on stuck ranks' timeouts, on jobs
 # that sleep by design and on SLURM's timers; the practice cluster's tests on SLURM's too; lesson 00 on one core
-# leaves the other idle. One test stays where it is: it lets SLURM's shortest time limit (a minute) cut a training
-# again and again until it is done, and beside the background runs its ranks took most of each minute to start and
-# then trained one step of the 320 a run.
+# leaves the other idle.
 WAITS_MOST = ("notebooks/12_beyond_one_machine.ipynb", "notebooks/12b_a_slurm_job.ipynb", "tests/process/test_slurm.py",
               "tests/lessons/test_hostile_conditions.py::test_lesson_00_holds[one core]")
-NEEDS_QUIET = "tests/process/test_slurm.py::test_lesson_12s_batch_file_outlives_its_time_limit_by_requeueing"
 
 
 def waits_most(item: pytest.Item) -> bool:
-    return item.nodeid.startswith(WAITS_MOST) and not item.nodeid.startswith(NEEDS_QUIET)
+    return item.nodeid.startswith(WAITS_MOST)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
