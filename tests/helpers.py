@@ -6,8 +6,8 @@ Test modules import from here and never from one another, so that a test file ca
 tier (tests/unit, tests/process, tests/lessons) or be deleted without breaking a file it never
 mentions; benchmarks import from here too (benchmarks/script_stress.py runs the tests' own launch).
 pyproject.toml puts this folder on pytest's path (`pythonpath`). Imports of the course's package are
-made inside the functions that need them, so that pytest's start-up (conftest.py imports this
-module) does not load torch.
+made inside the functions that need them (rundir.py's names excepted: standard library only), so that
+pytest's start-up (conftest.py imports this module) does not load torch.
 """
 from __future__ import annotations
 
@@ -20,13 +20,18 @@ import signal
 import site
 import subprocess
 import sys
+import tempfile
 import textwrap
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from pathlib import Path
 
 import pytest
+
+from fourcard_helpers.rundir import PYTHONPATH_ENV, THREADS_ENV  # standard library only: no torch
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository, whichever tier a test lives in
 NOTEBOOK_DIR = ROOT / "notebooks"
@@ -36,13 +41,15 @@ NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]*_*.ipynb"))
 # outputs come from running them (docs/translate.py run; test_chinese.py and test_chinese_notebooks.py
 # check both, cell by cell). nbval runs these Chinese lessons again, each
 # in one rounding: 00 (the launcher's and the pre-flight check's messages) and 02 (a diagram, a widget
-# and the exercises' verdicts). All seventeen would add about 15 minutes to CI, which keeps within 75.
+# and the exercises' verdicts). All seventeen would add about 15 minutes to CI, whose limit is 90.
 CHINESE_NBVAL = ("00_cards_and_launching", "02_data_parallelism_by_hand")
 
-# Another machine's rounding, under which every lesson runs a second time (tests/lessons/test_other_rounding.py),
-# in the background, on threads named so (the unit tier lets them start processes: tests/unit/conftest.py)
-ANOTHER_ROUNDING = {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41", "OMP_NUM_THREADS": "1"}
-BACKGROUND_THREADS = "other-rounding"
+# Another machine's rounding, under which every lesson runs a second time (tests/lessons/test_other_rounding.py):
+# ATen's and oneDNN's own switches, which only the tests set, and the course's one thread a rank.
+ANOTHER_ROUNDING = {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41", THREADS_ENV: "1"}
+# The threads of the background jobs (those runs, then the shipped scripts' launches: tests/lessons/conftest.py),
+# which the unit tier lets start processes (tests/unit/conftest.py)
+BACKGROUND_THREADS = "background-job"
 
 
 # -- the lessons ----------------------------------------------------------------------------------
@@ -52,6 +59,13 @@ def cells(path: Path) -> list[dict]:
 
 def source(cell: dict) -> str:
     return "".join(cell["source"])
+
+
+def code_cell(lesson: Path, marker: str) -> str:
+    """The one code cell of `lesson` that contains `marker`: a test that runs a lesson's own definition."""
+    found = [source(c) for c in cells(lesson) if c["cell_type"] == "code" and marker in source(c)]
+    assert len(found) == 1, f"expected one code cell of {lesson.stem} containing {marker!r}, found {len(found)}"
+    return found[0]
 
 
 def written_by_cells(path: Path, target: str) -> str:
@@ -220,14 +234,14 @@ def plain_torchrun_command(agent: list[str], script: str | Path, *args: str) -> 
     return [sys.executable, "-m", "torch.distributed.run", *agent, str(script), *args]
 
 
-def plain_environment(**extra: str) -> dict[str, str]:
-    """The environment of a launch a learner starts by hand on simulated cards: this one, with the
-    course's choice of cards and one thread a rank, lines unbuffered, and no run folder of a launcher
+def plain_environment(base: Mapping[str, str] | None = None, **extra: str) -> dict[str, str]:
+    """The environment of a launch a learner starts by hand on simulated cards: this one (or `base`), with
+    the course's choice of cards and one thread a rank, lines unbuffered, and no run folder of a launcher
     (under either of its names), so that the script's report() prints what it would have sent back."""
-    from fourcard_helpers.rundir import (DEVICE_ENV, GLOO_INTERFACE_ENV, RENAMED, RUN_DIR_ENV, THREADS_ENV,
-                                         UNBUFFERED_ENV)
+    from fourcard_helpers.rundir import (DEVICE_ENV, GLOO_INTERFACE_ENV, RENAMED, RUN_DIR_ENV, UNBUFFERED_ENV)
 
-    env = {**os.environ, DEVICE_ENV: "cpu", THREADS_ENV: "1", GLOO_INTERFACE_ENV: "lo", UNBUFFERED_ENV: "1", **extra}
+    env = {**(os.environ if base is None else base), DEVICE_ENV: "cpu", THREADS_ENV: "1", GLOO_INTERFACE_ENV: "lo",
+           UNBUFFERED_ENV: "1", **extra}
     env.pop(RUN_DIR_ENV, None)
     env.pop(RENAMED[RUN_DIR_ENV], None)
     return env
@@ -254,30 +268,77 @@ def end_group(proc: subprocess.Popen) -> bool:
     return left
 
 
-def run_with_plain_torchrun(script: str, nproc: int, nnodes: int, timeout: float,
-                            extra_env: dict[str, str] | None = None) -> tuple[list[int | None], str]:
+# How long torchrun's agent gives its ranks between SIGTERM and SIGKILL when it stops (torch.distributed.elastic's
+# PContext.close, timeout=30), and the agents of plain launches running now: a session stopped early ends them.
+TORCHRUN_CLOSE_SECONDS = 30
+PLAIN_LAUNCHES: set[subprocess.Popen[bytes]] = set()
+
+
+def run_with_plain_torchrun(script: str, nproc: int, nnodes: int, timeout: float, extra_env: dict[str, str] | None = None,
+                            base_env: Mapping[str, str] | None = None) -> tuple[list[int | None], str]:
     """Launch `script` once as a learner would, with bare torchrun agents; return each agent's exit
-    code (None: it ran past `timeout` + 60 s and was killed) and the launch's output. Nothing of
-    the launch outlives the call. benchmarks/script_stress.py runs the same launch many times."""
-    env = plain_environment(**(extra_env or {}))
-    procs = [subprocess.Popen(
-        plain_torchrun_command(agent, script),
-        cwd=NOTEBOOK_DIR, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        start_new_session=True,
-    ) for agent in plain_torchrun(nproc, nnodes)]
-    outputs, codes = [], []
-    deadline = time.monotonic() + timeout + 60  # the script's own timeout, with a margin, for the launch as a whole
-    try:
-        for proc in procs:
-            try:
-                outputs.append(proc.communicate(timeout=max(deadline - time.monotonic(), 1))[0].decode("utf-8", "replace"))
-                codes.append(proc.returncode)
-            except subprocess.TimeoutExpired:
-                codes.append(None)
-    finally:
-        for proc in procs:
-            end_group(proc)  # nothing of the run may outlive the launch
-    return codes, "".join(outputs)
+    code (None: it ran past `timeout` + 60 s and was stopped) and the launch's output, a stopped
+    agent's as far as it got. Each agent writes to a file, which no reader must keep up with. Nothing of
+    the launch outlives the call: an agent still running is stopped with SIGTERM, which it passes on to
+    its ranks (giving them TORCHRUN_CLOSE_SECONDS), then SIGKILL; its ranks, each in a session of its own
+    out of reach of the agent's group, are listed before the stop and killed if still there after it.
+    benchmarks/script_stress.py runs the same launch many times."""
+    from fourcard_helpers.lifecycle import GRACE_SECONDS, alive, descendants, stop
+
+    env = plain_environment(base_env, **(extra_env or {}))
+    with tempfile.TemporaryDirectory(prefix="fourcard-plain-") as logs:
+        outputs = [Path(logs, f"agent{index}.log") for index in range(nnodes)]
+        procs: list[subprocess.Popen[bytes]] = []
+        try:
+            for agent, output in zip(plain_torchrun(nproc, nnodes), outputs):
+                with open(output, "wb") as out:
+                    procs.append(subprocess.Popen(plain_torchrun_command(agent, script), cwd=NOTEBOOK_DIR, env=env,
+                                                  stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                                  start_new_session=True))
+                PLAIN_LAUNCHES.add(procs[-1])
+            codes: list[int | None] = []
+            deadline = time.monotonic() + timeout + 60  # the script's own timeout, with a margin, for the whole launch
+            for proc in procs:
+                try:
+                    codes.append(proc.wait(timeout=max(deadline - time.monotonic(), 1)))
+                except subprocess.TimeoutExpired:
+                    codes.append(None)
+        finally:
+            ranks = descendants(proc.pid for proc in procs if proc.poll() is None)  # before their agents are stopped
+            stop(procs, lambda: [pid for pid in ranks if alive(pid)], grace=TORCHRUN_CLOSE_SECONDS + GRACE_SECONDS)
+            PLAIN_LAUNCHES.difference_update(procs)
+        return codes, "".join(output.read_text(encoding="utf-8", errors="replace") for output in outputs)
+
+
+# Two learners may run the same script on one machine: one that keeps files in the temporary folder runs twice
+# side by side (tests/lessons/test_scripts.py), each run with a folder of its own.
+SHARED_RUNS = 2
+
+
+def writes_temporary_files(script: str) -> bool:
+    """Whether a script keeps files in the temporary folder (checkpoints: 05's recipe and its evaluation,
+    12's FSDP save and load, 13's 2 × 2 save and DCP load), where two learners' runs must not collide."""
+    return re.search(r"\btempfile\b|\bgettempdir\b|\bTMPDIR\b", (NOTEBOOK_DIR / script).read_text()) is not None
+
+
+def launch_shipped_script(script: str, nproc: int, nnodes: int, timeout: float, fails: bool, temp_dirs: list[Path],
+                          side_by_side: ThreadPoolExecutor, stopping: threading.Event,
+                          base_env: Mapping[str, str] | None = None) -> list[tuple[list[int | None], str]]:
+    """A shipped script launched as a learner launches it (run_with_plain_torchrun): once; SHARED_RUNS times,
+    started side by side, for one that keeps files in the temporary folder, run N with `temp_dirs[N]` as its
+    TMPDIR (run N of one script finds what run N of the script before it left: a checkpoint saved, then
+    loaded). A staged failure fails by design: once is enough. Launches of several agents run one after
+    another, because their rendezvous port is chosen before the agents start, and none starts once `stopping`
+    is set. Each launch's exit codes and output. The runs side by side wait in the threads of `side_by_side`
+    (SHARED_RUNS of them)."""
+    runs = SHARED_RUNS if writes_temporary_files(script) and not fails else 1
+
+    def launch(run: int) -> tuple[list[int | None], str]:
+        return run_with_plain_torchrun(script, nproc, nnodes, timeout, {"TMPDIR": str(temp_dirs[run])}, base_env)
+
+    if nnodes > 1 or runs == 1:
+        return [launch(run) for run in range(runs) if not stopping.is_set()]
+    return list(side_by_side.map(launch, range(runs)))
 
 
 # -- an ordinary user ---------------------------------------------------------------------------------
@@ -292,5 +353,34 @@ def python_for_nobody(env: dict[str, str]) -> str:
     if system is None:
         pytest.skip(f"this Python is out of the ordinary user's reach and no system Python "
                     f"{sys.version_info.major}.{sys.version_info.minor} exists")
-    env["PYTHONPATH"] = os.pathsep.join([*site.getsitepackages(), str(ROOT)])
+    env[PYTHONPATH_ENV] = os.pathsep.join([*site.getsitepackages(), str(ROOT)])
     return system
+
+
+def venv_for_nobody(scratch: Path) -> str:
+    """A virtual environment `nobody` may run, with this one's packages and programs (python_for_nobody's
+    PYTHONPATH is not enough where something activates the environment: lesson 12b's batch file does, on every
+    node): this one where that user may run its interpreter; where it lies in root's home, out of their reach,
+    one made in `scratch` from the system's Python of the same version, as a learner's own would be."""
+    if subprocess.run([*AS_NOBODY, sys.executable, "-c", "pass"], capture_output=True).returncode == 0:
+        return sys.executable
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    system = shutil.which(version, path="/usr/bin:/usr/local/bin")
+    if system is None:
+        raise RuntimeError(f"an environment for nobody: this Python is out of that user's reach, and no system {version} exists")
+    venv = scratch / "venv"
+    subprocess.run([system, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True)
+    (site_packages,) = venv.glob("lib/python*/site-packages")
+    (site_packages / "fourcards.pth").write_text(  # addsitedir: their own .pth files too (the course's editable install)
+        "".join(f"import site; site.addsitedir({folder!r})\n" for folder in site.getsitepackages()))
+    for program in Path(sys.prefix, "bin").iterdir():  # the packages' programs (torchrun, py-spy), as pip would install them
+        own = venv / "bin" / program.name
+        if own.exists() or own.is_symlink() or not program.is_file():
+            continue
+        text = program.read_bytes()
+        if text.startswith(b"#!") and b"python" in text.split(b"\n", 1)[0]:  # a script: started by the learner's Python
+            own.write_bytes(b"#!" + str(venv / "bin" / "python").encode() + b"\n" + text.split(b"\n", 1)[1])
+            own.chmod(0o755)
+        else:
+            own.symlink_to(program)
+    return str(venv / "bin" / "python")

@@ -1,16 +1,20 @@
-"""The lessons under another rounding run in the background, beside the rest of the suite.
+"""What takes long and leaves cores idle runs in the background, beside the rest of the suite: each lesson
+under another rounding, then every shipped script under plain torchrun.
 
 Each lesson runs a second time under strict nbval with another rounding (tests/lessons/test_other_rounding.py
 says why), one lesson at a time, in a pytest of its own: about as long as the first run of every notebook.
 Waiting for those runs after the suite, or running them as ordinary tests, would add that time to CI's;
 started as soon as collection ends, they overlap the rest of the suite, whose launches leave a core idle a
 fair share of the time. Each lesson thus also meets a machine busy with other tests, which no check of a
-lesson may mind (no assert is decided by speed).
+lesson may mind (no assert is decided by speed). Once they have ended, the same thread launches every shipped
+script as a learner would (tests/lessons/test_scripts.py): the suite's second half, alone on the machine,
+kept its two cores only 60 to 80 % busy (a local run, /proc/stat read every 5 s, averaged over 5 minutes).
 
-This small plugin does it for any test that asks for the fixture `under_another_rounding` (with the lesson
-as its parameter `notebook`): it starts the runs of the selected tests when collection ends, orders those
-tests last so that waiting for a run costs the suite as little as possible, gives each test its lesson's
-verdict, and at the session's end stops what is still running. A run whose test was not selected is not
+This small plugin does it for any test that asks for one of the fixtures in JOBS (`under_another_rounding`,
+with the lesson as its parameter `notebook`; `launched_with_plain_torchrun`, with the script's launch as its
+parameters): it starts the jobs of the selected tests when collection ends, in the order of those tests,
+orders those tests last so that waiting for a job costs the suite as little as possible, gives each test its
+job's result, and at the session's end stops what is still running. A job whose test was not selected is not
 started (`pytest -m "not slow"`, `-k`), and `--collect-only` starts none.
 """
 from __future__ import annotations
@@ -21,18 +25,19 @@ import pwd
 import shutil
 import signal
 import subprocess
-import site
 import sys
 import tempfile
+import threading
+from collections.abc import Callable, Hashable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from helpers import ANOTHER_ROUNDING, BACKGROUND_THREADS, ROOT
-
-FIXTURE = "under_another_rounding"
+from helpers import (ANOTHER_ROUNDING, AS_NOBODY, BACKGROUND_THREADS, PLAIN_LAUNCHES, ROOT, SHARED_RUNS,
+                     TORCHRUN_CLOSE_SECONDS, launch_shipped_script, venv_for_nobody)
 
 
 @dataclass(frozen=True)
@@ -46,42 +51,10 @@ class Verdict:
     learner: int
 
 
-AS_LEARNER = ["runuser", "-u", "nobody", "--"]  # as a login would: root's rights dropped
-
-
 def runs_as_learner(notebook: Path) -> bool:
     """Whether this run of the lesson is an ordinary user's: lesson 12b's, where the suite runs as root."""
     needs = json.loads(notebook.read_text(encoding="utf-8"))["metadata"].get("fourcards", {}).get("needs")
     return needs == "slurm" and os.geteuid() == 0
-
-
-def _learners_python(scratch: Path) -> str:
-    """A Python environment the learner may run, with this one's packages. Lesson 12b's batch file activates
-    the kernel's environment on every node, so it must be a virtual environment: this one where the learner
-    may run its interpreter; where it lies in root's home, out of their reach, one made from the system's
-    Python of the same version that imports this environment's packages, as a learner's own would."""
-    if subprocess.run([*AS_LEARNER, sys.executable, "-c", "pass"], capture_output=True).returncode == 0:
-        return sys.executable
-    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    system = shutil.which(version, path="/usr/bin:/usr/local/bin")
-    if system is None:
-        raise RuntimeError(f"lesson 12b as an ordinary user: this Python is out of that user's reach, and no system {version} exists")
-    venv = scratch / "venv"
-    subprocess.run([system, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True)
-    (site_packages,) = venv.glob("lib/python*/site-packages")
-    (site_packages / "fourcards.pth").write_text(  # addsitedir: their own .pth files too (the course's editable install)
-        "".join(f"import site; site.addsitedir({folder!r})\n" for folder in site.getsitepackages()))
-    for program in Path(sys.prefix, "bin").iterdir():  # the packages' programs (torchrun, py-spy), as pip would install them
-        own = venv / "bin" / program.name
-        if own.exists() or own.is_symlink() or not program.is_file():
-            continue
-        text = program.read_bytes()
-        if text.startswith(b"#!") and b"python" in text.split(b"\n", 1)[0]:  # a script: started by the learner's Python
-            own.write_bytes(b"#!" + str(venv / "bin" / "python").encode() + b"\n" + text.split(b"\n", 1)[1])
-            own.chmod(0o755)
-        else:
-            own.symlink_to(program)
-    return str(venv / "bin" / "python")
 
 
 def run_under_another_rounding(notebook: Path) -> subprocess.CompletedProcess[str]:
@@ -98,10 +71,10 @@ def run_under_another_rounding(notebook: Path) -> subprocess.CompletedProcess[st
         if runs_as_learner(notebook):  # HOME and TMPDIR of the learner's own; runuser would set HOME to nobody's
             home = Path(scratch, "home")
             home.mkdir()
-            python = _learners_python(Path(scratch))
+            python = venv_for_nobody(Path(scratch))
             for path in [Path(scratch), *Path(scratch).rglob("*")]:
                 os.chown(path, *_nobody(), follow_symlinks=False)
-            args = [*AS_LEARNER, "env", f"HOME={home}", f"TMPDIR={scratch}", python, *args[1:]]
+            args = [*AS_NOBODY, "env", f"HOME={home}", f"TMPDIR={scratch}", python, *args[1:]]
         with subprocess.Popen(args, cwd=course, env={**SUITE_ENVIRONMENT, **ANOTHER_ROUNDING, "TMPDIR": scratch},
                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True) as proc:
@@ -128,27 +101,53 @@ def _nobody() -> tuple[int, int]:
 
 
 class BackgroundRuns:
-    """The selected lessons' runs, one at a time in one thread, from the end of collection on."""
+    """The selected tests' jobs, one at a time in one thread, from the end of collection on."""
 
     def __init__(self) -> None:
         self.pool = ThreadPoolExecutor(1, thread_name_prefix=BACKGROUND_THREADS)
-        self.runs: dict[Path, Future[Verdict]] = {}
+        self.runs: dict[tuple[str, Hashable], Future[Any]] = {}
+        # Where a script's runs side by side wait, its threads started now: the unit tier lets a process be started
+        # by the background threads that were there when its test began (tests/unit/conftest.py), and a script's
+        # launch may come while a unit test runs (`pytest tests/unit tests/lessons/test_scripts.py`).
+        self.side_by_side = ThreadPoolExecutor(SHARED_RUNS, thread_name_prefix=BACKGROUND_THREADS)
+        all_there = threading.Barrier(SHARED_RUNS)
+        list(self.side_by_side.map(lambda _: all_there.wait(), range(SHARED_RUNS)))
+        self.stopping = threading.Event()  # set: no script's launch starts any more
+        # the shipped scripts' temporary folders, one for each of the runs side by side, kept for every launch
+        self.scratch = Path(tempfile.mkdtemp(prefix="fourcard-scripts-"))
+        self.temp_dirs = [self.scratch / f"run{run}" for run in range(1, SHARED_RUNS + 1)]
+        for folder in self.temp_dirs:
+            folder.mkdir()
 
-    def start(self, notebooks: list[Path]) -> None:
-        for notebook in notebooks:
-            if notebook not in self.runs:
-                self.runs[notebook] = self.pool.submit(verdict, notebook)
+    def start(self, jobs: list[tuple[str, Hashable]]) -> None:
+        """Queue each (fixture, its key) not queued yet, in this order."""
+        for job in jobs:
+            if job not in self.runs:
+                fixture, key = job
+                self.runs[job] = self.pool.submit(JOBS[fixture][1], self, key)
 
     def stop(self) -> None:
-        """A session stopped early (`-x`, a failure in collection) drops the lessons not yet started and
-        interrupts the one running, whose pytest then shuts its kernel down as on Ctrl-C."""
+        """A session stopped early (`-x`, a failure in collection) drops the jobs not yet started and
+        interrupts the lesson running, whose pytest then shuts its kernel down as on Ctrl-C, or stops the script's
+        launch running. The scripts' temporary folders go."""
+        self.stopping.set()
         self.pool.shutdown(wait=False, cancel_futures=True)
+        self.side_by_side.shutdown(wait=False, cancel_futures=True)
         for proc in list(_running):
             proc.send_signal(signal.SIGINT)
             try:
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 proc.kill()
+        agents = list(PLAIN_LAUNCHES)
+        for agent in agents:  # torchrun passes SIGTERM on to its ranks; the launch then ends as on a timeout
+            agent.terminate()
+        for agent in agents:
+            try:
+                agent.wait(timeout=TORCHRUN_CLOSE_SECONDS)
+            except subprocess.TimeoutExpired:
+                pass  # its launch's own stop, in the background thread, kills it and its ranks
+        shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 _running: set[subprocess.Popen[str]] = set()
@@ -161,20 +160,36 @@ def verdict(notebook: Path) -> Verdict:
     return Verdict(done.returncode, done.stdout, runs_as_learner(notebook), RUNS_OWNER.get(notebook), _nobody()[0])
 
 
-def _waiting(item: pytest.Item) -> bool:
-    return FIXTURE in getattr(item, "fixturenames", ())
+LAUNCH = ("script", "nproc", "nnodes", "timeout", "fails")  # test_scripts.py's parameters: one launch of a script
+
+# A fixture a test asks for: the key of its job, from the test's parameters, and the job, run in the background.
+JOBS: dict[str, tuple[Callable[[dict[str, Any]], Hashable], Callable[[BackgroundRuns, Any], Any]]] = {
+    "under_another_rounding": (lambda params: params["notebook"], lambda runs, notebook: verdict(notebook)),
+    "launched_with_plain_torchrun": (
+        lambda params: tuple(params[name] for name in LAUNCH),
+        # from the environment the suite started with, as a lesson's run above
+        lambda runs, launch: launch_shipped_script(*launch, runs.temp_dirs, runs.side_by_side, runs.stopping, SUITE_ENVIRONMENT)),
+}
+
+
+def _job(item: pytest.Item) -> tuple[str, Hashable] | None:
+    """The background job `item` waits for, if any."""
+    fixture = next((name for name in JOBS if name in getattr(item, "fixturenames", ())), None)
+    return None if fixture is None else (fixture, JOBS[fixture][0](item.callspec.params))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The tests that wait for a run go last, each run having had the rest of the suite to finish."""
-    items[:] = [item for item in items if not _waiting(item)] + [item for item in items if _waiting(item)]
+    """The tests that wait for a job go last, each job having had the rest of the suite to finish; their jobs
+    start in that order: the lessons' runs first, the slowest, then the scripts' launches (JOBS' order)."""
+    waiting = sorted((item for item in items if _job(item) is not None), key=lambda item: list(JOBS).index(_job(item)[0]))
+    items[:] = [item for item in items if _job(item) is None] + waiting
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    notebooks = [item.callspec.params["notebook"] for item in session.items if _waiting(item)]
-    if notebooks and not session.config.option.collectonly:
+    jobs = [job for item in session.items if (job := _job(item)) is not None]
+    if jobs and not session.config.option.collectonly:
         session.config.stash[RUNS] = runs = BackgroundRuns()
-        runs.start(notebooks)
+        runs.start(jobs)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -182,9 +197,26 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         session.config.stash[RUNS].stop()
 
 
+def _result(request: pytest.FixtureRequest) -> Any:
+    """The result of the job the requesting test waits for, queued now if collection did not queue it."""
+    job = _job(request.node)
+    assert job is not None
+    if RUNS not in request.config.stash:  # collection started nothing: this test was run by itself
+        request.config.stash[RUNS] = BackgroundRuns()
+    runs = request.config.stash[RUNS]
+    runs.start([job])  # nothing new where collection started it
+    return runs.runs[job].result()
+
+
 @pytest.fixture
 def under_another_rounding(request: pytest.FixtureRequest, notebook: Path) -> Verdict:
     """The verdict of `notebook`'s run under another rounding, started when collection ended."""
-    runs = request.config.stash.setdefault(RUNS, BackgroundRuns())
-    runs.start([notebook])  # nothing new where collection started it
-    return runs.runs[notebook].result()
+    return _result(request)
+
+
+@pytest.fixture
+def launched_with_plain_torchrun(request: pytest.FixtureRequest, script: str, nproc: int, nnodes: int, timeout: float,
+                                 fails: bool) -> list[tuple[list[int | None], str]]:
+    """Each launch's agents' exit codes and output, of `script` launched as a learner would
+    (helpers.launch_shipped_script), started when collection ended."""
+    return _result(request)

@@ -17,7 +17,7 @@ runs, which tests/lessons/conftest.py starts in the background as soon as collec
 Lesson 12b, the practice SLURM cluster's, is the one lesson whose machinery depends on who runs it (its
 daemons run as the learner, its shared files must be open to every user). Where the suite runs as root, as
 CI does, its run here is also a learner's: as `nobody`, with a home and an environment of that user's own
-(see _learners_python in tests/lessons/conftest.py), so that root's run of the suite and this one cover both users, each in one
+(see venv_for_nobody in tests/helpers.py), so that root's run of the suite and this one cover both users, each in one
 rounding. Both users in both roundings would take a third run of the lesson, about 100 s of CI's time.
 """
 from __future__ import annotations
@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+from fourcard_helpers.rundir import THREADS_ENV
 from helpers import ANOTHER_ROUNDING, NOTEBOOKS, cannot_run_here
 
 PROBE = """
@@ -53,7 +54,7 @@ def test_each_variable_of_the_other_rounding_takes_effect() -> None:
     assert "threads 1" in seen
     assert "isa:Intel SSE4.1" in seen
     if "DEFAULT" not in probe({}):  # on a machine whose own rounding is the plainest, nothing differs
-        assert "capability DEFAULT" not in probe({"ONEDNN_MAX_CPU_ISA": "SSE41", "OMP_NUM_THREADS": "1"})
+        assert "capability DEFAULT" not in probe({"ONEDNN_MAX_CPU_ISA": "SSE41", THREADS_ENV: "1"})
 
 
 @pytest.mark.slow

@@ -1,4 +1,5 @@
-"""Every script a lesson saves runs unchanged with plain `torchrun`, as the lessons promise.
+"""Every script a lesson saves runs unchanged with plain `torchrun`, as the lessons promise (what the
+scripts' text must hold, read without running them, is tests/unit/test_script_text.py's).
 
 The notebook's `%%torchrun` adds live output and results, nothing a script depends on: here
 each shipped script runs under a bare `python -m torch.distributed.run --standalone` (for a cell
@@ -6,139 +7,35 @@ that says `--nnodes N`: N bare agents at one rendezvous, as on N machines), with
 from the notebooks folder (where the kernel runs it), on simulated cards. A script whose cell is
 a staged failure (tagged `raises-exception`) or an exercise's skeleton (which the notebook saves
 but does not launch) must fail here too, by itself and within its cell's timeout.
+
+The launches run in the background, one after another, once the lessons' runs under another rounding
+have ended (tests/lessons/conftest.py), beside the rest of the suite: run alone, after the process tests,
+they took 1104 s of a local run of the whole suite on two cores, which the tests and notebooks after
+them kept only 60 to 80 % busy.
 """
 from __future__ import annotations
 
-import ast
-import re
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-
 import pytest
 
-from helpers import NOTEBOOK_DIR, run_with_plain_torchrun, shipped_launches
+from helpers import shipped_launches
 
-pytestmark = pytest.mark.slow  # every test here starts ranks, a kernel or a browser: not in the fast tier
+pytestmark = pytest.mark.slow  # every test here starts ranks, a kernel or a browser: left out by `-m "not slow"`
 
 # Each launch of a lesson already runs its script twice in every run of the suite (the notebook under nbval,
 # in each rounding), beside other tests, and every script ends with the cure for gloo's exit race, which
-# test_every_script_that_joins_a_group_leaves_it_then_skips_pythons_teardown checks; many launches of one
-# script, to see a rare race, are benchmarks/script_stress.py's job. Here one plain run of each proves
-# "unchanged with plain torchrun", and a script that keeps files in the temporary folder runs twice side by side.
-SHARED_RUNS = 2
-
-
-def writes_temporary_files(script: str) -> bool:
-    """Whether a script keeps files in the temporary folder (checkpoints: 05's recipe and its evaluation,
-    12's FSDP save and load, 13's 2 × 2 save and DCP load), where two learners' runs must not collide."""
-    return re.search(r"\btempfile\b|\bgettempdir\b|\bTMPDIR\b", (NOTEBOOK_DIR / script).read_text()) is not None
-
-
-@pytest.fixture(scope="module")
-def run_temp_dirs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
-    """A temporary folder for each of the side-by-side runs, kept for the whole module: run N of one
-    script finds what run N of the one before it left (a checkpoint saved, then loaded), and runs started
-    side by side do not overwrite each other's files, as on a machine shared by several learners."""
-    return [tmp_path_factory.mktemp(f"run{run}") for run in range(1, SHARED_RUNS + 1)]
+# tests/unit/test_script_text.py checks; many launches of one script, to see a rare race, are
+# benchmarks/script_stress.py's job. Here one plain run of each proves "unchanged with plain torchrun", and a
+# script that keeps files in the temporary folder runs twice side by side (helpers.launch_shipped_script).
 
 
 @pytest.mark.parametrize("script, nproc, nnodes, timeout, fails", shipped_launches(), ids=lambda v: str(v))
 def test_script_runs_with_plain_torchrun(script: str, nproc: int, nnodes: int, timeout: float, fails: bool,
-                                         run_temp_dirs: list[Path]) -> None:
-    """One launch of each script; two, started side by side, of one that keeps files in the temporary
-    folder. A staged failure fails by design: once is enough. Launches of several agents run one after
-    another, because their rendezvous port is chosen before the agents start."""
-    runs = SHARED_RUNS if writes_temporary_files(script) and not fails else 1
-
-    def launch(run: int) -> tuple[list[int | None], str]:
-        return run_with_plain_torchrun(script, nproc, nnodes, timeout, {"TMPDIR": str(run_temp_dirs[run])})
-
-    if nnodes == 1:
-        with ThreadPoolExecutor(runs) as pool:
-            results = list(pool.map(launch, range(runs)))
-    else:
-        results = [launch(run) for run in range(runs)]
-    for run, (codes, text) in enumerate(results, start=1):
+                                         launched_with_plain_torchrun: list[tuple[list[int | None], str]]) -> None:
+    runs = len(launched_with_plain_torchrun)
+    for run, (codes, text) in enumerate(launched_with_plain_torchrun, start=1):
         if None in codes:
             pytest.fail(f"{script} (run {run}) did not end within {timeout + 60:g} s:\n{text[-3000:]}")
         if fails:
             assert any(codes), f"{script} is a staged failure but succeeded:\n{text[-3000:]}"
         else:
             assert codes == [0] * nnodes, f"{script} failed under plain torchrun (run {run} of {runs}):\n{text[-3000:]}"
-
-
-def fully_shard_calls_without_mesh(text: str) -> list[str]:
-    """The `fully_shard(...)` calls in `text` that do not pass `mesh=`."""
-    tree = ast.parse(text)
-    return [ast.unparse(node) for node in ast.walk(tree)
-            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "fully_shard"
-            and not any(keyword.arg == "mesh" for keyword in node.keywords)]
-
-
-def test_fully_shard_calls_name_their_mesh() -> None:
-    """Without `mesh=`, FSDP2 builds its mesh on the accelerator torch was built for (CUDA in any CUDA
-    build) and moves the weights there, even when the launch runs simulated cards on gloo (seen on a
-    one-GPU machine: 'target is on cpu, different from other tensors on cuda:0'). CI installs the CPU
-    build, whose default mesh is on the CPU, so the rule is checked in the source of every shipped script."""
-    assert fully_shard_calls_without_mesh("fully_shard(model)\nfully_shard(layer, mesh=mesh)") == ["fully_shard(model)"]
-    offenders = {path.name: calls for path in sorted((NOTEBOOK_DIR / "scripts").glob("*.py"))
-                 if (calls := fully_shard_calls_without_mesh(path.read_text()))}
-    assert offenders == {}, f"fully_shard without mesh= in {offenders}"
-
-
-def ends_without_teardown(text: str) -> bool:
-    """Whether a script's last statement is `exit_without_teardown()`, imported from the package, at the top
-    level or as the end of a closing `if __name__ == "__main__":` (a script with a `main()`)."""
-    tree = ast.parse(text)
-    body = tree.body
-    if body and isinstance(body[-1], ast.If) and ast.unparse(body[-1].test) == "__name__ == '__main__'":
-        body = body[-1].body
-    imported = any(isinstance(node, ast.ImportFrom) and node.module == "fourcard_helpers"
-                   and "exit_without_teardown" in [alias.name for alias in node.names] for node in ast.walk(tree))
-    return imported and bool(body) and ast.unparse(body[-1]) == "exit_without_teardown()"
-
-
-def test_every_script_that_joins_a_group_leaves_it_then_skips_pythons_teardown() -> None:
-    """Lesson 00, "How a rank ends": a gloo thread can still be handing back the last collective when
-    the script ends; if Python is shutting down by then, the rank aborts (SIGABRT) although its work
-    is done, and destroy_process_group() cannot stop that thread while DDP still holds the group. So
-    every shipped script that joins a group leaves it and ends with the package's exit_without_teardown()."""
-    named = "from fourcard_helpers import exit_without_teardown\n"
-    assert ends_without_teardown(named + "exit_without_teardown()\n")
-    assert not ends_without_teardown("exit_without_teardown()\n")  # a definition of its own, not the lesson's
-    assert not ends_without_teardown(named + "exit_without_teardown()\nprint('after')\n")
-    assert not ends_without_teardown("import os, sys\nsys.stdout.flush(); os._exit(0)\n")  # the cure, unnamed
-    assert ends_without_teardown(named + "if __name__ == '__main__':\n    main()\n    exit_without_teardown()\n")
-    assert not ends_without_teardown(named + "if __name__ == '__main__':\n    main()\n")
-    offenders = []
-    for path in sorted((NOTEBOOK_DIR / "scripts").glob("*.py")):
-        text = path.read_text(encoding="utf-8")
-        if "init_process_group(" not in text:
-            continue
-        if "destroy_process_group()" not in text or not ends_without_teardown(text):
-            offenders.append(path.name)
-    assert offenders == [], f"scripts that do not end with destroy_process_group() and then exit_without_teardown(): {offenders}"
-
-
-def crowded_lines(text: str) -> list[int]:
-    """The lines where a statement shares its line with another: `a; b`, `if x: y`, `import os, sys`
-    (one import statement naming two modules). A script reads like a tutorial one step a line."""
-    starts: dict[int, int] = {}
-    crowded = set()
-    for node in ast.walk(ast.parse(text)):
-        if isinstance(node, ast.stmt):
-            starts[node.lineno] = starts.get(node.lineno, 0) + 1
-        if isinstance(node, ast.Import) and len(node.names) > 1:
-            crowded.add(node.lineno)
-    return sorted(crowded | {line for line, count in starts.items() if count > 1})
-
-
-def test_every_script_writes_one_statement_and_one_import_a_line() -> None:
-    assert crowded_lines("import os\nimport sys\nif os:\n    print(sys)\n") == []
-    assert crowded_lines("import os, sys\n") == [1]
-    assert crowded_lines("x = 1; y = 2\n") == [1]
-    assert crowded_lines("for i in range(2): print(i)\n") == [1]
-    assert crowded_lines("class A:\n    def f(self): return 1\n") == [2]
-    offenders = {path.name: lines for path in sorted((NOTEBOOK_DIR / "scripts").glob("[0-9][0-9]*.py"))
-                 if (lines := crowded_lines(path.read_text(encoding="utf-8")))}
-    assert offenders == {}, f"lines with more than one statement or import: {offenders}"

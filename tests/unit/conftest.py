@@ -8,9 +8,10 @@ or tests/lessons (the lessons' scripts and notebooks run again).
 The promise is checked on every run, not kept by hand: while a test of this folder runs, fixtures
 included, every way Python has to start a process raises, naming what was called and where the test
 belongs, and the test fails even where the code under test catches that error. One kind of thread is
-not the test's and passes: in a run of the whole suite, the lessons' background runs under another
-rounding (tests/lessons/conftest.py, threads named BACKGROUND_THREADS...) go on beside it; any other
-thread, left by an earlier test or started by this one, meets the gates too.
+not the test's and passes: in a run of the whole suite, the background jobs (tests/lessons/conftest.py:
+the lessons under another rounding, then the shipped scripts' launches, in threads named
+BACKGROUND_THREADS... that were there when the test began) go on beside it; any other thread, left by an
+earlier test or started by this one, meets the gates too.
 tests/unit/test_unit_tier.py shows that the gates catch what they promise to.
 """
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from helpers import BACKGROUND_THREADS  # the thread_name_prefix of the lessons' background runs
+from helpers import BACKGROUND_THREADS  # the thread_name_prefix of the background jobs (tests/lessons/conftest.py)
 
 HERE = Path(__file__).resolve().parent
 MOVE_IT = "tests/unit starts no process; a test that needs one belongs in tests/process or tests/lessons"
@@ -37,7 +38,7 @@ ATTEMPTS = pytest.StashKey[list[str]]()
 # os.fork (fork) or fork_exec (spawn, forkserver); os.system, os.spawn* and the exec family their own way.
 GATES: list[tuple[Any, str]] = [
     (subprocess.Popen, "__init__"),
-    (subprocess, "_fork_exec"),
+    *[(subprocess, name) for name in ("_fork_exec",) if hasattr(subprocess, name)],  # Python 3.11 and newer
     (_posixsubprocess, "fork_exec"),
     (multiprocessing.process.BaseProcess, "start"),
     *[(os, name) for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system", "spawnv", "spawnve",

@@ -42,7 +42,7 @@ def test_title_summary_and_exercises(path: Path) -> None:
 
 
 MAX_LAUNCH_LINES = 85  # "one idea per launch": a script a learner reads in one screen or two, one statement a line
-# (tests/lessons/test_scripts.py); lesson 13's 2 × 2 mesh, tensor + sequence parallel under FSDP2, is the longest
+# (tests/unit/test_script_text.py); lesson 13's 2 × 2 mesh, tensor + sequence parallel under FSDP2, is the longest
 
 
 def hidden(cell: dict) -> bool:

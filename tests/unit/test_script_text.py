@@ -1,0 +1,85 @@
+"""What every shipped script's text must hold, read without running it (tests/lessons/test_scripts.py runs
+each one with plain torchrun): FSDP2's mesh named, the exit-race cure of lesson 00 by its name, one statement
+and one import a line."""
+from __future__ import annotations
+
+import ast
+
+from helpers import NOTEBOOK_DIR
+
+
+def fully_shard_calls_without_mesh(text: str) -> list[str]:
+    """The `fully_shard(...)` calls in `text` that do not pass `mesh=`."""
+    tree = ast.parse(text)
+    return [ast.unparse(node) for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "fully_shard"
+            and not any(keyword.arg == "mesh" for keyword in node.keywords)]
+
+
+def test_fully_shard_calls_name_their_mesh() -> None:
+    """Without `mesh=`, FSDP2 builds its mesh on the accelerator torch was built for (CUDA in any CUDA
+    build) and moves the weights there, even when the launch runs simulated cards on gloo (seen on a
+    one-GPU machine: 'target is on cpu, different from other tensors on cuda:0'). CI installs the CPU
+    build, whose default mesh is on the CPU, so the rule is checked in the source of every shipped script."""
+    assert fully_shard_calls_without_mesh("fully_shard(model)\nfully_shard(layer, mesh=mesh)") == ["fully_shard(model)"]
+    offenders = {path.name: calls for path in sorted((NOTEBOOK_DIR / "scripts").glob("*.py"))
+                 if (calls := fully_shard_calls_without_mesh(path.read_text()))}
+    assert offenders == {}, f"fully_shard without mesh= in {offenders}"
+
+
+def ends_without_teardown(text: str) -> bool:
+    """Whether a script's last statement is `exit_without_teardown()`, imported from the package, at the top
+    level or as the end of a closing `if __name__ == "__main__":` (a script with a `main()`)."""
+    tree = ast.parse(text)
+    body = tree.body
+    if body and isinstance(body[-1], ast.If) and ast.unparse(body[-1].test) == "__name__ == '__main__'":
+        body = body[-1].body
+    imported = any(isinstance(node, ast.ImportFrom) and node.module == "fourcard_helpers"
+                   and "exit_without_teardown" in [alias.name for alias in node.names] for node in ast.walk(tree))
+    return imported and bool(body) and ast.unparse(body[-1]) == "exit_without_teardown()"
+
+
+def test_every_script_that_joins_a_group_leaves_it_then_skips_pythons_teardown() -> None:
+    """Lesson 00, "How a rank ends": a gloo thread can still be handing back the last collective when
+    the script ends; if Python is shutting down by then, the rank aborts (SIGABRT) although its work
+    is done, and destroy_process_group() cannot stop that thread while DDP still holds the group. So
+    every shipped script that joins a group leaves it and ends with the package's exit_without_teardown()."""
+    named = "from fourcard_helpers import exit_without_teardown\n"
+    assert ends_without_teardown(named + "exit_without_teardown()\n")
+    assert not ends_without_teardown("exit_without_teardown()\n")  # a definition of its own, not the lesson's
+    assert not ends_without_teardown(named + "exit_without_teardown()\nprint('after')\n")
+    assert not ends_without_teardown("import os, sys\nsys.stdout.flush(); os._exit(0)\n")  # the cure, unnamed
+    assert ends_without_teardown(named + "if __name__ == '__main__':\n    main()\n    exit_without_teardown()\n")
+    assert not ends_without_teardown(named + "if __name__ == '__main__':\n    main()\n")
+    offenders = []
+    for path in sorted((NOTEBOOK_DIR / "scripts").glob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        if "init_process_group(" not in text:
+            continue
+        if "destroy_process_group()" not in text or not ends_without_teardown(text):
+            offenders.append(path.name)
+    assert offenders == [], f"scripts that do not end with destroy_process_group() and then exit_without_teardown(): {offenders}"
+
+
+def crowded_lines(text: str) -> list[int]:
+    """The lines where a statement shares its line with another: `a; b`, `if x: y`, `import os, sys`
+    (one import statement naming two modules). A script reads like a tutorial one step a line."""
+    starts: dict[int, int] = {}
+    crowded = set()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.stmt):
+            starts[node.lineno] = starts.get(node.lineno, 0) + 1
+        if isinstance(node, ast.Import) and len(node.names) > 1:
+            crowded.add(node.lineno)
+    return sorted(crowded | {line for line, count in starts.items() if count > 1})
+
+
+def test_every_script_writes_one_statement_and_one_import_a_line() -> None:
+    assert crowded_lines("import os\nimport sys\nif os:\n    print(sys)\n") == []
+    assert crowded_lines("import os, sys\n") == [1]
+    assert crowded_lines("x = 1; y = 2\n") == [1]
+    assert crowded_lines("for i in range(2): print(i)\n") == [1]
+    assert crowded_lines("class A:\n    def f(self): return 1\n") == [2]
+    offenders = {path.name: lines for path in sorted((NOTEBOOK_DIR / "scripts").glob("[0-9][0-9]*.py"))
+                 if (lines := crowded_lines(path.read_text(encoding="utf-8")))}
+    assert offenders == {}, f"lines with more than one statement or import: {offenders}"
