@@ -1,5 +1,6 @@
 """How every process the course starts is started, found and stopped: one lifecycle for a launch
-(`launch.py`) and for a warm session (`warm_session.py`).
+(`launch.py`), a warm session (`warm_session.py`) and the practice SLURM cluster's daemons
+(`slurm_daemons.py`, `slurm_guard.py`).
 
 A notebook starts trees of processes: torchrun agents and their ranks; for a warm session also an
 ipyparallel controller. Whichever way the notebook's part ends (the cell finishes, fails or is
@@ -16,7 +17,8 @@ interrupted, the kernel restarts or is killed), none of them may stay behind. Th
   short-lived thread would die mid-run. The pipe needs neither.
 * **Gone with torchrun.** torchrun starts each rank in a session of its own, so a rank asks Linux,
   in itself after exec, to kill it when its parent dies (`die_with_parent`).
-* **Marked.** Every process carries rundir.LAUNCHER_ENV (the kernel's pid) in its environment:
+* **Marked.** Every process of a launch or a warm session carries rundir.LAUNCHER_ENV (the kernel's
+  pid) in its environment, the practice cluster's daemons and jobs rundir.SLURM_ENV (its folder):
   `marked_processes` finds what is left, whatever its group.
 * **One stop sequence** (`stop`): SIGTERM to each group (torchrun passes it on to its ranks), or to
   each process given by pid (the practice cluster's daemons), a grace period, SIGKILL; then SIGKILL
@@ -24,8 +26,10 @@ interrupted, the kernel restarts or is killed), none of them may stay behind. Th
   folder's pid records and from the folder's name in their environment), again at each new listing,
   until none is left.
 * **One process table.** Whether a process runs, its environment, its children, which processes
-  carry a mark: read from /proc here and nowhere else in the course, so that every part (the
-  launcher, the warm session, the agent, the practice SLURM cluster, the tests) sees the same facts.
+  carry a mark: read from /proc here and nowhere else in the package, its tests and benchmarks, so that
+  every part (the launcher, the warm session, the agent, the practice SLURM cluster, the tests) sees the
+  same facts. Lessons 00, 04, 09 and 12 read /proc in their own code, since what a rank is and what it
+  holds is what they teach.
 * **One clock.** How often a wait looks (POLL_SECONDS), how long a process gets between SIGTERM and
   SIGKILL (GRACE_SECONDS) and how long the partners of a failed rank get (FAIL_FAST_SECONDS) are
   defined below, once; a wait for a process to be ready fails as soon as one it needs has died

@@ -33,8 +33,15 @@ MIN_FREE_DISK_GB = 2.0  # the capstone's checkpoints and the shipped data need f
 
 # One all-reduce size, timed on every rank after a warm-up; rank 0's median is reported.
 BANDWIDTH_SCRIPT = f"""
-import os, time, statistics, torch, torch.distributed as dist
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
 from fourcard_helpers import detect, report
+
 cards = detect(int(os.environ["WORLD_SIZE"]))
 dist.init_process_group(cards.backend)
 device = cards.device(int(os.environ["LOCAL_RANK"]))

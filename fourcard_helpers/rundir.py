@@ -57,9 +57,10 @@ SESSION_ENV = PREFIX + "RANKS_SESSION"  # in every process of one warm session (
 SLURM_ENV = PREFIX + "SLURM"  # every daemon of a practice SLURM cluster: the cluster's folder (slurm_daemons.py)
 VENV_ENV = PREFIX + "VENV"  # the Python environment lesson 12's batch file activates on every node
 FULL_ENV = PREFIX + "FULL"  # "1": lessons 10, 11 and 13 run their long measurements instead of reading them
+MNIST_FULL_ENV = PREFIX + "MNIST_FULL"  # "1": lesson 11's recipe (notebooks/mnist_recipe.py) trains on the full MNIST
 # Their names before the one prefix, still read (see `setting`).
 RENAMED = {RUN_DIR_ENV: "FOURCARD_RUN_DIR", LABEL_ENV: "FOURCARD_SCRIPT_LABEL", DOCTOR_ENV: "FOURCARD_DOCTOR",
-           DEVICE_ENV: "FOURCARD_DEVICE"}
+           DEVICE_ENV: "FOURCARD_DEVICE", MNIST_FULL_ENV: "MNIST_FULL"}
 
 # Other programs' variables the course sets for what it starts, or reads.
 RANK_ENV, LOCAL_RANK_ENV, WORLD_SIZE_ENV = "RANK", "LOCAL_RANK", "WORLD_SIZE"  # torchrun's, in every rank

@@ -28,6 +28,11 @@ class ClusterError(RuntimeError):
     """What went wrong, the likely cause and what to do, in words a learner can act on."""
 
 
+def conf_file(folder: Path) -> Path:
+    """The cluster's slurm.conf, in its folder: where slurm_conf.py writes it and SLURM_CONF names it."""
+    return folder / "slurm.conf"
+
+
 @dataclass(frozen=True)
 class Cluster:
     """A running practice cluster: its folder, nodes and the pids of the daemons it started."""
@@ -43,7 +48,7 @@ class Cluster:
 
     @property
     def conf(self) -> Path:
-        return self.dir / "slurm.conf"
+        return conf_file(self.dir)
 
     def environment(self) -> dict[str, str]:
         """This process's environment with SLURM_CONF naming the cluster: for sbatch, squeue, ..."""
@@ -79,7 +84,7 @@ def is_ours(pid: int, folder: Path) -> bool:
 
 def job_processes(folder: Path) -> list[int]:
     """This cluster's `slurmstepd` processes (slurmd gives each the cluster's SLURM_CONF) and all below them."""
-    conf = str(folder / "slurm.conf")
+    conf = str(conf_file(folder))
     return descendants(pid for pid in all_pids() if carries(pid, SLURM_CONF_ENV, conf)
                        and command_line(pid)[:1] and command_line(pid)[0].startswith("slurmstepd"))
 

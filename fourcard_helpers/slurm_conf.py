@@ -10,6 +10,7 @@ import socket
 from pathlib import Path
 
 from .lifecycle import free_ports
+from .slurm_cluster import conf_file
 from .slurm_jobids import JOB_ID_BLOCK, claim_file
 
 PARTITION = "practice"
@@ -90,7 +91,7 @@ def write_conf(folder: Path, nodes: list[str], cpus: int, memory: int, first_job
         gres = f" Gres=gpu:{len(gpus[name])}" if gpus[name] else ""
         lines.append(f"NodeName={name} NodeHostname={host} NodeAddr={address(name, '127.0.0.1')} Port={port} CPUs={cpus} RealMemory={memory}{gres} State=UNKNOWN")
     lines.append(f"PartitionName={PARTITION} Nodes={','.join(nodes)} Default=YES MaxTime=INFINITE State=UP")
-    (folder / "slurm.conf").write_text("\n".join(lines) + "\n")
+    conf_file(folder).write_text("\n".join(lines) + "\n")
     # gres.conf, beside slurm.conf: which device files are each node's GPUs. SLURM numbers them from 0 on every
     # node in the tasks' CUDA_VISIBLE_DEVICES; the task prolog turns those numbers into the node's own cards.
     gres = ["AutoDetect=off"] + [f"NodeName={name} Name=gpu File={file}" for name in nodes for file in gpus[name]]

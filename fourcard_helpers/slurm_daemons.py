@@ -17,7 +17,7 @@ from typing import Callable
 from .language import _
 from .lifecycle import GRACE_SECONDS, first_dead, marked_processes, memory_mb, start_session, stop, wait_until
 from .rundir import SLURM_CONF_ENV, SLURM_ENV
-from .slurm_cluster import (DEFAULT_DIR, INSTALL_HINT, Cluster, ClusterError, is_ours, job_processes,
+from .slurm_cluster import (DEFAULT_DIR, INSTALL_HINT, Cluster, ClusterError, conf_file, is_ours, job_processes,
                             missing_programs, program, read_state, save_state, state_file)
 from .slurm_conf import KILL_WAIT, PARTITION, gpu_files, gpu_shares, write_conf
 from .slurm_jobids import SHARED_DIR, claim_job_ids, machine_lock, release_job_ids
@@ -127,7 +127,7 @@ def _up(nodes: int, folder: Path, cpus: int, memory: int, gpus: list[str], own_a
     logs = {"munged": folder / "log" / "munged.log", "slurmctld": folder / "log" / "slurmctld.log",  # in the foreground
             # munged writes its log to its standard error; slurmctld and slurmd to the files slurm.conf names
             **{f"slurmd {n}": folder / "log" / f"slurmd.{n}.log" for n in names}}
-    conf = str(folder / "slurm.conf")
+    conf = str(conf_file(folder))
     pids: dict[str, int] = {}
 
     def save() -> None:

@@ -64,11 +64,11 @@ import torch.distributed as dist
 from fourcard_helpers import detect
 
 cards = detect(int(os.environ["WORLD_SIZE"]))
-rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+dist.init_process_group(cards.backend)
+rank, world = dist.get_rank(), dist.get_world_size()
 device = cards.device(int(os.environ["LOCAL_RANK"]))
 if cards.kind == "cuda":
     torch.cuda.set_device(device)
-dist.init_process_group(cards.backend)
 """
 SETUP_NAMES = "os, torch, dist, cards, rank, world, device"
 

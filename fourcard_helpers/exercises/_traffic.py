@@ -23,6 +23,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from ..lifecycle import POLL_SECONDS
+
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all",
                "all_to_all_single", "broadcast", "broadcast_object_list", "gather", "gather_object", "reduce",
                "reduce_scatter", "reduce_scatter_tensor", "scatter", "scatter_object_list")
@@ -148,7 +150,7 @@ def time_limit(seconds: float, folder: str | os.PathLike[str], traffic: Traffic)
         written.replace(path)
         deadline = time.monotonic() + RECORDS_BOUND_SECONDS
         while len(stuck_records(folder)) < world and time.monotonic() < deadline:
-            time.sleep(0.05)  # the other ranks' limits pass meanwhile: each writes its own record
+            time.sleep(POLL_SECONDS)  # the other ranks' limits pass meanwhile: each writes its own record
         os._exit(3)
 
     timer = threading.Timer(seconds, give_up)

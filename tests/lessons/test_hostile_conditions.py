@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from fourcard_helpers.rundir import RUN_DIR_ENV
+from fourcard_helpers.rundir import PYTHONPATH_ENV, RUN_DIR_ENV
 from helpers import AS_NOBODY, NOTEBOOKS, python_for_nobody
 
 LESSON = NOTEBOOKS[0]
@@ -54,7 +54,7 @@ def test_lesson_00_holds(condition: str) -> None:
             for path in root.rglob("*"):
                 shutil.chown(path, "nobody", "nogroup")
             python = python_for_nobody(env)  # runuser sets HOME to nobody's own: give it the learner's folders again
-            keep = [f"{name}={env[name]}" for name in ("HOME", "TMPDIR", "PYTHONPATH", "LANG") if name in env]
+            keep = [f"{name}={env[name]}" for name in ("HOME", "TMPDIR", PYTHONPATH_ENV, "LANG") if name in env]
             command = [*AS_NOBODY, "env", *keep, python, *command[1:]]
     elif condition == "one core":
         command = ["taskset", "-c", "0", *command]

@@ -9,15 +9,9 @@ import torch
 
 from fourcard_helpers import check
 from fourcard_helpers.gpt import GPT, GPTConfig, get_batch, poem_tokens
-from helpers import NOTEBOOKS, cells, definitions, source
+from helpers import NOTEBOOKS, code_cell, definitions
 
 LESSON = next(p for p in NOTEBOOKS if p.stem == "13_gpt_on_four_cards")
-
-
-def code_cell(marker: str) -> str:
-    found = [source(c) for c in cells(LESSON) if c["cell_type"] == "code" and marker in source(c)]
-    assert len(found) == 1, f"expected one code cell of lesson 13 containing {marker!r}, found {len(found)}"
-    return found[0]
 
 
 @pytest.fixture(scope="module")
@@ -26,13 +20,13 @@ def check_top_k():
     poet = GPT(GPTConfig(vocab_size=len(chars))).double()
     poet.load_state_dict(torch.load(LESSON.parent / "measured" / "13_poet" / "model.pt", weights_only=True))
     ns = {"math": math, "torch": torch, "check": check, "chars": chars, "poet_model": poet.eval()}
-    exec(definitions(code_cell("def check_top_k(")), ns)  # noqa: S102 - the check itself
+    exec(definitions(code_cell(LESSON, "def check_top_k(")), ns)  # noqa: S102 - the check itself
     return ns["check_top_k"]
 
 
 def _reference():
     namespace = {"torch": torch}
-    exec(definitions(code_cell("%%solution\ndef top_k_next(").split("\n", 1)[1]), namespace)  # noqa: S102
+    exec(definitions(code_cell(LESSON, "%%solution\ndef top_k_next(").split("\n", 1)[1]), namespace)  # noqa: S102
     return namespace["top_k_next"]
 
 
@@ -121,9 +115,9 @@ def _function_and_constants(marker: str, function: str, constants_marker: str) -
     """The named function's definition from the cell holding `marker`, and the `ULPS, FACTOR = ...` line before it."""
     import ast
 
-    text = code_cell(marker)
+    text = code_cell(LESSON, marker)
     node = next(n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef) and n.name == function)
-    constants = next(line for line in code_cell(constants_marker).splitlines() if line.startswith("ULPS, FACTOR ="))
+    constants = next(line for line in code_cell(LESSON, constants_marker).splitlines() if line.startswith("ULPS, FACTOR ="))
     return constants + "\n" + ast.get_source_segment(text, node) + "\n"
 
 
@@ -161,7 +155,6 @@ def test_the_gradient_check_passes_an_average_and_fails_a_sum() -> None:
             check_gradient({**averaged, name: add(name, (0, 1, 2, 3), 1)}, "summed")
 
 
-
 def _one_card_step(extra_kept: bool = False) -> dict[str, int]:
     """Section 6's measurement for one card, in this process: the shipped script's step (the model at the launch's
     size, a batch of 4 windows, the first step, which makes AdamW's moments) under LiveTensorBytes. `extra_kept`: every block also keeps
@@ -195,7 +188,7 @@ def _one_card_step(extra_kept: bool = False) -> dict[str, int]:
 def memory_check():
     tokens, chars = poem_tokens()
     ns = {"math": math, "torch": torch, "GPT": GPT, "GPTConfig": GPTConfig, "V": len(chars), "tokens": tokens}
-    exec(code_cell("def float32_step("), ns)  # noqa: S102 - the calculator and its check, as the lesson defines them
+    exec(code_cell(LESSON, "def float32_step("), ns)  # noqa: S102 - the calculator and its check, as the lesson defines them
     return ns
 
 

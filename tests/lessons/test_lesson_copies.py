@@ -66,3 +66,19 @@ def test_two_lessons_define_the_rule_alike(first: str, second: str, name: str) -
     assert ours.startswith(f"def {name}(") and ours == theirs, (
         f"{name} in {second} differs from the one {first} teaches: copy {first}'s cell into {second}"
     )
+
+
+def statements(function: ast.FunctionDef) -> list[str]:
+    """What a function does: its body's statements, without its docstring, annotations or comments."""
+    body = function.body[1:] if ast.get_docstring(function) is not None else function.body
+    return [ast.dump(node) for node in body]
+
+
+def test_the_training_templates_own_ending_does_what_the_lesson_teaches() -> None:
+    """scripts/train_any.py runs outside the course too, where it cannot import the package: its fallback
+    exit_without_teardown must do what lesson 00's does, statement for statement."""
+    template = ast.parse((NOTEBOOKS[0].parent / "scripts" / "train_any.py").read_text(encoding="utf-8"))
+    (fallback,) = [node for node in ast.walk(template) if isinstance(node, ast.FunctionDef) and node.name == "exit_without_teardown"]
+    (taught,) = ast.parse(notebook_definition("00_cards_and_launching", "exit_without_teardown")).body
+    assert statements(fallback) == statements(taught)
+    assert statements(fallback) != statements(ast.parse("def f():\n    os._exit(0)\n").body[0])  # a flush left out is caught

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fourcard_helpers.launch import torchrun
+from helpers import ANOTHER_ROUNDING
 
 SCRIPT = '''
 import os
@@ -232,8 +233,7 @@ exit_without_teardown()
 
 # The notebooks run again under another machine's rounding (test_other_rounding.py); so do these comparisons,
 # whose bounds must hold on a learner's CPU as well as on ours.
-ROUNDINGS = {"this-machine": {}, "another": {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41",
-                                            "OMP_NUM_THREADS": "1"}}
+ROUNDINGS = {"this-machine": {}, "another": ANOTHER_ROUNDING}
 
 
 @pytest.mark.slow

@@ -25,7 +25,7 @@ from typing import Any, Iterator
 
 import pytest
 
-pytestmark = pytest.mark.slow  # every test here starts ranks, a kernel or a browser: not in the fast tier
+pytestmark = pytest.mark.slow  # every test here starts ranks, a kernel or a browser: left out by `-m "not slow"`
 
 from fourcard_helpers.lifecycle import first_dead, free_ports, stop, wait_until  # noqa: E402
 from fourcard_helpers.rundir import LANG_ENV  # noqa: E402

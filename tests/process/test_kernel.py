@@ -17,7 +17,7 @@ from jupyter_client import KernelManager
 from fourcard_helpers.launch import leftover_processes
 from helpers import wait_for
 
-pytestmark = pytest.mark.slow  # every test here starts ranks, a kernel or a browser: not in the fast tier
+pytestmark = pytest.mark.slow  # every test here starts ranks, a kernel or a browser: left out by `-m "not slow"`
 
 CELL = """%%torchrun -n 4 --timeout 300
 import time

@@ -12,7 +12,7 @@ import pytest
 from fourcard_helpers.launch import LaunchError, leftover_processes, torchrun
 from helpers import assert_nothing_left, script, start_kernel_like_launch
 
-pytestmark = pytest.mark.slow  # every test here starts ranks, a kernel or a browser: not in the fast tier
+pytestmark = pytest.mark.slow  # every test here starts ranks, a kernel or a browser: left out by `-m "not slow"`
 
 
 def test_two_agents_form_one_world(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

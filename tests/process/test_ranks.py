@@ -10,7 +10,7 @@ import pytest
 from fourcard_helpers import RankSession, RankSessionError, leftover_processes, rank_pids, warm_session
 from helpers import wait_for
 
-pytestmark = pytest.mark.slow  # every test here starts ranks, a kernel or a browser: not in the fast tier
+pytestmark = pytest.mark.slow  # every test here starts ranks, a kernel or a browser: left out by `-m "not slow"`
 
 
 def test_cells_run_on_every_rank_and_values_come_back_by_rank() -> None:

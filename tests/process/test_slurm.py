@@ -18,9 +18,10 @@ import pytest
 
 from fourcard_helpers.lifecycle import (alive, carries, command_line, listening, listens_on_port,
                                         marked_processes, memory_mb, owner, pids)
-from fourcard_helpers.rundir import DEVICE_ENV, RENAMED, SLURM_CONF_ENV, SLURM_ENV, VENV_ENV
+from fourcard_helpers.rundir import DEVICE_ENV, PYTHONPATH_ENV, RENAMED, SLURM_CONF_ENV, SLURM_ENV, VENV_ENV
 from fourcard_helpers.slurm import (INSTALL_HINT, ClusterError, claimed_blocks, down, missing_programs,
                                     practice_cluster, status, up)
+from fourcard_helpers.slurm_cluster import conf_file
 from helpers import ROOT, wait_for
 
 if missing_programs():
@@ -42,7 +43,7 @@ def _tasks(name: str) -> list[int]:
 def _steps_of(folder: Path) -> list[int]:
     """Pids of the `slurmstepd` processes of the cluster in `folder` (slurmd hands each the cluster's SLURM_CONF):
     another practice cluster on this machine (lesson 12b, run beside the tests) has steps of its own."""
-    return [pid for pid in _tasks("slurmstepd") if carries(pid, SLURM_CONF_ENV, str(folder / "slurm.conf"))]
+    return [pid for pid in _tasks("slurmstepd") if carries(pid, SLURM_CONF_ENV, str(conf_file(folder)))]
 
 
 def _finished(cluster, job: str, bound: float = 300) -> str:
@@ -228,7 +229,7 @@ def test_an_ordinary_user_runs_the_cluster(tmp_path):
     (home / "job" / "job.sh").write_text("#!/bin/bash\n#SBATCH --nodes=2\nsrun bash -c 'echo $SLURMD_NODENAME $(id -un)'\n")
     for path in [root, *root.rglob("*")]:
         os.chown(path, 65534, 65534)  # nobody's
-    keep = [f"{name}={env[name]}" for name in ("PYTHONPATH",) if name in env]
+    keep = [f"{name}={env[name]}" for name in (PYTHONPATH_ENV,) if name in env]
     folder = home / "cluster"
     as_nobody = [*AS_NOBODY, "env", f"HOME={home}", *keep]
     cli = [*as_nobody, python, "-m", "fourcard_helpers.slurm"]

@@ -23,7 +23,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fourcard_helpers.rundir import DEVICE_ENV
+from fourcard_helpers.rundir import DEVICE_ENV, LOCAL_RANK_ENV, RANK_ENV, WORLD_SIZE_ENV
 from helpers import ROOT, end_group, plain_environment, plain_torchrun_command
 
 SCRIPT = ROOT / "notebooks" / "scripts" / "train_any.py"
@@ -218,7 +218,7 @@ def test_bad_input_gets_a_clear_message(workdir: Path, train_any: ModuleType, ar
     given = {"--model": "tiny:build_model", "--data": "tiny:build_datasets", **given}
     monkeypatch.chdir(workdir)  # main() imports MODULE from the current folder, as `python -m` would
     monkeypatch.setattr(sys, "path", list(sys.path))
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+    for name in (RANK_ENV, WORLD_SIZE_ENV, LOCAL_RANK_ENV, "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
     with pytest.raises(SystemExit) as stopped:
         train_any.main([*[v for kv in given.items() for v in kv], "--strategy", "single", "--checkpoint-dir", "bad"])

@@ -11,6 +11,7 @@ import torch
 
 from fourcard_helpers import data
 from fourcard_helpers.data import MnistDataError, load_mnist, load_mnist_raw, normalisation, read_idx
+from fourcard_helpers.rundir import MNIST_FULL_ENV, RENAMED
 from helpers import ROOT
 
 
@@ -140,7 +141,8 @@ def test_download_checks_each_file_and_tries_the_next_mirror(tmp_path: Path, mon
 def test_the_recipes_validation_split_is_held_out_of_training_and_never_the_test_digits(monkeypatch) -> None:
     """Lesson 11 chooses the recipe's learning rate on this split: its digits must be training digits that the
     choosing runs do not train on, and none of them a test digit."""
-    monkeypatch.delenv("MNIST_FULL", raising=False)  # the module reads it on import: the shipped digits here
+    for name in (MNIST_FULL_ENV, RENAMED[MNIST_FULL_ENV]):  # the module reads it on import: the shipped digits here
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.syspath_prepend(str(ROOT / "notebooks"))
     monkeypatch.delitem(sys.modules, "mnist_recipe", raising=False)
     import mnist_recipe

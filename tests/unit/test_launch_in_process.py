@@ -7,16 +7,17 @@ import pytest
 
 from fourcard_helpers.cards import detect
 from fourcard_helpers.launch import LaunchError, rank_environment, torchrun
+from fourcard_helpers.rundir import INIT_BARRIER_ENV
 
 
 def test_init_ends_in_a_barrier_unless_the_learner_says_otherwise(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Without it, a rank of a script with no collective could exit while a slower one was still connecting to it
     (gloo: "Connection closed by peer"): 2 of 91 two-rank launches of init and destroy beside busy processes
     failed so, and none of 51 with the barrier."""
-    monkeypatch.delenv("TORCH_DIST_INIT_BARRIER", raising=False)
-    assert rank_environment(detect(2), tmp_path, "job", None)["TORCH_DIST_INIT_BARRIER"] == "1"
-    monkeypatch.setenv("TORCH_DIST_INIT_BARRIER", "0")
-    assert rank_environment(detect(2), tmp_path, "job", None)["TORCH_DIST_INIT_BARRIER"] == "0"
+    monkeypatch.delenv(INIT_BARRIER_ENV, raising=False)
+    assert rank_environment(detect(2), tmp_path, "job", None)[INIT_BARRIER_ENV] == "1"
+    monkeypatch.setenv(INIT_BARRIER_ENV, "0")
+    assert rank_environment(detect(2), tmp_path, "job", None)[INIT_BARRIER_ENV] == "0"
 
 
 def test_timeout_must_be_positive() -> None:

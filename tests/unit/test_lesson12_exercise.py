@@ -9,26 +9,20 @@ from pathlib import Path
 import pytest
 
 from fourcard_helpers import check
-from helpers import NOTEBOOKS, cells, definitions, source
+from helpers import NOTEBOOKS, code_cell, definitions
 
 LESSON = next(p for p in NOTEBOOKS if p.stem == "12_beyond_one_machine")
 
 
-def code_cell(marker: str) -> str:
-    found = [source(c) for c in cells(LESSON) if c["cell_type"] == "code" and marker in source(c)]
-    assert len(found) == 1, f"expected one code cell of lesson 12 containing {marker!r}, found {len(found)}"
-    return found[0]
-
-
-REFERENCE = definitions(code_cell("%%solution\ndef train(").split("\n", 1)[1])
+REFERENCE = definitions(code_cell(LESSON, "%%solution\ndef train(").split("\n", 1)[1])
 
 
 @pytest.fixture
 def namespace() -> dict:
     ns: dict = {}
     exec("import shutil\nfrom pathlib import Path\nimport torch\nfrom fourcard_helpers import check", ns)  # noqa: S102
-    exec(code_cell("class Crash(Exception)"), ns)  # noqa: S102 - make_run, batch, Crash
-    exec(definitions(code_cell("def test_train(")), ns)  # noqa: S102 - the check itself
+    exec(code_cell(LESSON, "class Crash(Exception)"), ns)  # noqa: S102 - make_run, batch, Crash
+    exec(definitions(code_cell(LESSON, "def test_train(")), ns)  # noqa: S102 - the check itself
     return ns
 
 
@@ -48,7 +42,7 @@ def test_the_reference_solution_passes(namespace: dict, tmp_path: Path) -> None:
 
 def test_the_stub_counts_as_not_attempted(namespace: dict, tmp_path: Path) -> None:
     with pytest.raises(NotImplementedError):
-        namespace["test_train"](answer(namespace, definitions(code_cell("# your code here: resume"))), folder=tmp_path / "run")
+        namespace["test_train"](answer(namespace, definitions(code_cell(LESSON, "# your code here: resume"))), folder=tmp_path / "run")
 
 
 @pytest.mark.parametrize("old, new, complaint", [
