@@ -9,16 +9,15 @@ an eighth of the training digits out, as the set train_any.py evaluates on.
 
 with LR the learning rate lesson 11 chooses, by accuracy on `build_datasets_held_out`'s second set.
 """
-import os
-
 import torch
 from torch.utils.data import Dataset, Subset
 
 from fourcard_helpers import load_mnist
 from fourcard_helpers.models import MnistCNN
+from fourcard_helpers.rundir import MNIST_FULL_ENV, setting
 
-# MNIST_FULL=1: the full 60,000/10,000 MNIST, once fourcard_helpers.download_full_mnist() has fetched it
-FULL = os.environ.get("MNIST_FULL") == "1"
+# FOURCARDS_MNIST_FULL=1: the full 60,000/10,000 MNIST, once fourcard_helpers.download_full_mnist() has fetched it
+FULL = setting(MNIST_FULL_ENV) == "1"
 
 
 class Shifted(Dataset):
