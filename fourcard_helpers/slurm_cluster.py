@@ -33,6 +33,12 @@ def conf_file(folder: Path) -> Path:
     return folder / "slurm.conf"
 
 
+def daemon_log(folder: Path, daemon: str) -> Path:
+    """Where a daemon of the cluster in `folder` logs ("munged", "slurmctld", "slurmd.NODE"; slurm.conf says
+    "slurmd.%n", SLURM's own name for the node): what slurm.conf names and what is shown when a daemon fails."""
+    return folder / "log" / f"{daemon}.log"
+
+
 @dataclass(frozen=True)
 class Cluster:
     """A running practice cluster: its folder, nodes and the pids of the daemons it started."""

@@ -10,7 +10,7 @@ import socket
 from pathlib import Path
 
 from .lifecycle import free_ports
-from .slurm_cluster import conf_file
+from .slurm_cluster import conf_file, daemon_log
 from .slurm_jobids import JOB_ID_BLOCK, claim_file
 
 PARTITION = "practice"
@@ -59,8 +59,8 @@ def write_conf(folder: Path, nodes: list[str], cpus: int, memory: int, first_job
         f"SlurmdSpoolDir={folder / 'spool' / '%n'}",
         f"SlurmctldPidFile={claim_file(first_job_id)}",  # its lock is the claim of the job ids (see claim_file)
         f"SlurmdPidFile={folder / 'run' / 'slurmd.%n.pid'}",
-        f"SlurmctldLogFile={folder / 'log' / 'slurmctld.log'}",
-        f"SlurmdLogFile={folder / 'log' / 'slurmd.%n.log'}",
+        f"SlurmctldLogFile={daemon_log(folder, 'slurmctld')}",
+        f"SlurmdLogFile={daemon_log(folder, 'slurmd.%n')}",
         "ProctrackType=proctrack/linuxproc",  # no cgroups: a learner's laptop or a container may not let us have them
         "TaskPlugin=task/none",
         "SelectType=select/cons_tres",

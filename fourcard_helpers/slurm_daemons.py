@@ -17,8 +17,8 @@ from typing import Callable
 from .language import _
 from .lifecycle import GRACE_SECONDS, first_dead, marked_processes, memory_mb, start_session, stop, wait_until
 from .rundir import SLURM_CONF_ENV, SLURM_ENV
-from .slurm_cluster import (DEFAULT_DIR, INSTALL_HINT, Cluster, ClusterError, conf_file, is_ours, job_processes,
-                            missing_programs, program, read_state, save_state, state_file)
+from .slurm_cluster import (DEFAULT_DIR, INSTALL_HINT, Cluster, ClusterError, conf_file, daemon_log, is_ours,
+                            job_processes, missing_programs, program, read_state, save_state, state_file)
 from .slurm_conf import KILL_WAIT, PARTITION, gpu_files, gpu_shares, write_conf
 from .slurm_jobids import SHARED_DIR, claim_job_ids, machine_lock, release_job_ids
 from .slurm_network import in_node, make_network, network_names, remove_network
@@ -124,9 +124,9 @@ def _up(nodes: int, folder: Path, cpus: int, memory: int, gpus: list[str], own_a
     key = folder / "munge" / "munge.key"
     key.write_bytes(secrets.token_bytes(1024))
     key.chmod(0o400)  # munged refuses a key that others can read, in a folder others can write
-    logs = {"munged": folder / "log" / "munged.log", "slurmctld": folder / "log" / "slurmctld.log",  # in the foreground
+    logs = {"munged": daemon_log(folder, "munged"), "slurmctld": daemon_log(folder, "slurmctld"),  # in the foreground
             # munged writes its log to its standard error; slurmctld and slurmd to the files slurm.conf names
-            **{f"slurmd {n}": folder / "log" / f"slurmd.{n}.log" for n in names}}
+            **{f"slurmd {n}": daemon_log(folder, f"slurmd.{n}") for n in names}}
     conf = str(conf_file(folder))
     pids: dict[str, int] = {}
 
