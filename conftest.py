@@ -50,10 +50,8 @@ def pytest_runtest_setup(item: pytest.Item):
 # What mostly waits, or leaves a core idle, runs first in the process tier, while the lessons' runs under another
 # rounding, started in the background (tests/lessons/conftest.py), keep the cores busy; at the end of the suite,
 # after those runs had ended, it waited on idle cores. Lessons 12 and 12b wait on stuck ranks' timeouts, on jobs
-# that sleep by design and on SLURM's timers; the practice cluster's tests on SLURM's too; lesson 00 on one core
-# leaves the other idle.
-WAITS_MOST = ("notebooks/12_beyond_one_machine.ipynb", "notebooks/12b_a_slurm_job.ipynb", "tests/process/test_slurm.py",
-              "tests/lessons/test_hostile_conditions.py::test_lesson_00_holds[one core]")
+# that sleep by design and on SLURM's timers; the practice cluster's tests on SLURM's too.
+WAITS_MOST = ("notebooks/12_beyond_one_machine.ipynb", "notebooks/12b_a_slurm_job.ipynb", "tests/process/test_slurm.py")
 
 
 def waits_most(item: pytest.Item) -> bool:

@@ -342,6 +342,24 @@ def launch_shipped_script(script: str, nproc: int, nnodes: int, timeout: float, 
 
 
 # -- an ordinary user ---------------------------------------------------------------------------------
+
+# What a learner's machine is and this one is not (tests/lessons/test_hostile_conditions.py says why each):
+# lesson 00 meets all of it in its run under another rounding (tests/lessons/conftest.py).
+ACCOUNT, HOME, LOCALE, ONE_CORE = ("a learner's account", "a home folder named with a space and Chinese characters",
+                                   "a Chinese locale", "one core")
+LEARNERS_HOME = "我的 课程"
+
+
+def learners_machine(notebook: Path) -> tuple[str, ...]:
+    """What of a learner's machine the lesson's run meets besides another rounding: lesson 00 every condition
+    above (one core where taskset is installed); lesson 12b, the practice cluster's, a learner's account where the
+    suite runs as root (its daemons run as whoever runs it: root's run of the suite and this one cover both)."""
+    if notebook == NOTEBOOKS[0]:
+        return (ACCOUNT, HOME, LOCALE, *([ONE_CORE] if shutil.which("taskset") else []))
+    needs = json.loads(notebook.read_text(encoding="utf-8"))["metadata"].get("fourcards", {}).get("needs")
+    return (ACCOUNT,) if needs == "slurm" and os.geteuid() == 0 else ()
+
+
 AS_NOBODY = ["runuser", "-u", "nobody", "--"]  # runuser drops root's rights as a login would
 
 

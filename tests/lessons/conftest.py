@@ -19,7 +19,6 @@ started (`pytest -m "not slow"`, `-k`), and `--collect-only` starts none.
 """
 from __future__ import annotations
 
-import json
 import os
 import pwd
 import shutil
@@ -36,46 +35,52 @@ from typing import Any
 
 import pytest
 
-from helpers import (ANOTHER_ROUNDING, AS_NOBODY, BACKGROUND_THREADS, PLAIN_LAUNCHES, ROOT, SHARED_RUNS,
-                     TORCHRUN_CLOSE_SECONDS, launch_shipped_script, venv_for_nobody)
+from fourcard_helpers.rundir import RUN_DIR_ENV
+from helpers import (ACCOUNT, ANOTHER_ROUNDING, AS_NOBODY, BACKGROUND_THREADS, HOME, LEARNERS_HOME, LOCALE, ONE_CORE,
+                     PLAIN_LAUNCHES, ROOT, SHARED_RUNS,
+                     TORCHRUN_CLOSE_SECONDS, launch_shipped_script, learners_machine, venv_for_nobody)
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """A lesson's run under another rounding: strict nbval's exit code and output; whether it ran as an
-    ordinary user (lesson 12b where the suite runs as root), and then who owns what the lesson wrote."""
+    """A lesson's run under another rounding: strict nbval's exit code and output; what of a learner's machine
+    it met besides (`machine`); whether it ran as an ordinary user where the suite runs as root, and then who
+    owns what the lesson wrote."""
     returncode: int
     output: str
+    machine: tuple[str, ...]
     as_learner: bool
     runs_owner: int | None
     learner: int
 
 
-def runs_as_learner(notebook: Path) -> bool:
-    """Whether this run of the lesson is an ordinary user's: lesson 12b's, where the suite runs as root."""
-    needs = json.loads(notebook.read_text(encoding="utf-8"))["metadata"].get("fourcards", {}).get("needs")
-    return needs == "slurm" and os.geteuid() == 0
-
-
-def run_under_another_rounding(notebook: Path) -> subprocess.CompletedProcess[str]:
+def run_under_another_rounding(notebook: Path) -> tuple[subprocess.CompletedProcess[str], bool]:
     """The notebook under strict nbval in a pytest of its own, with another rounding, in a copy of the
     notebooks folder in a temporary folder of its own: lessons write beside themselves (saved scripts,
     `runs/`) and keep checkpoints in the temporary folder, while the rest of the suite, its own run of
-    the same lesson included, goes on beside it. Without pytest's cache, which the suite's pytest writes."""
+    the same lesson included, goes on beside it. Without pytest's cache, which the suite's pytest writes.
+    The copy lies in a home folder of its own, which the run is given with the rest of the learner's machine
+    the lesson meets (learners_machine). The completed run, and whether it ran as `nobody`."""
+    machine = learners_machine(notebook)
     with tempfile.TemporaryDirectory(prefix="fourcard-rounding-") as scratch:
-        course = Path(scratch, "course")
+        home = Path(scratch, LEARNERS_HOME if HOME in machine else "home")
+        course = home / "four-cards"
         shutil.copytree(ROOT / "notebooks", course / "notebooks",
-                        ignore=shutil.ignore_patterns("runs", ".ipynb_checkpoints", "__pycache__"))
+                        ignore=shutil.ignore_patterns("runs", "traces", ".ipynb_checkpoints", "__pycache__"))
         shutil.copy(ROOT / "pyproject.toml", course)  # pytest's options: nbval, the sanitize file
+        env = {**SUITE_ENVIRONMENT, **ANOTHER_ROUNDING, "HOME": str(home), "TMPDIR": scratch,
+               **({"LANG": "zh_CN.UTF-8"} if LOCALE in machine else {})}
+        env.pop(RUN_DIR_ENV, None)  # a learner's own run, even where the suite itself runs inside a launch
         args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"notebooks/{notebook.name}"]
-        if runs_as_learner(notebook):  # HOME and TMPDIR of the learner's own; runuser would set HOME to nobody's
-            home = Path(scratch, "home")
-            home.mkdir()
+        if as_learner := (ACCOUNT in machine and os.geteuid() == 0):  # runuser would set HOME to nobody's: the env keeps it
             python = venv_for_nobody(Path(scratch))
             for path in [Path(scratch), *Path(scratch).rglob("*")]:
                 os.chown(path, *_nobody(), follow_symlinks=False)
-            args = [*AS_NOBODY, "env", f"HOME={home}", f"TMPDIR={scratch}", python, *args[1:]]
-        with subprocess.Popen(args, cwd=course, env={**SUITE_ENVIRONMENT, **ANOTHER_ROUNDING, "TMPDIR": scratch},
+            args = [*AS_NOBODY, "env", *(f"{name}={env[name]}" for name in ("HOME", "TMPDIR", "LANG") if name in env),
+                    python, *args[1:]]
+        if ONE_CORE in machine:  # four ranks and the kernel on one core, as on a one-core virtual machine
+            args = ["taskset", "-c", "0", *args]
+        with subprocess.Popen(args, cwd=course, env=env,
                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True) as proc:
             _running.add(proc)
@@ -86,7 +91,7 @@ def run_under_another_rounding(notebook: Path) -> subprocess.CompletedProcess[st
         runs = course / "notebooks" / "runs"
         if runs.exists():
             RUNS_OWNER[notebook] = runs.stat().st_uid
-        return subprocess.CompletedProcess(args, proc.returncode, out, "")
+        return subprocess.CompletedProcess(args, proc.returncode, out, ""), as_learner
 
 
 # The environment as the suite set it, before any test ran: a run starts while tests go on in the main thread,
@@ -156,8 +161,9 @@ RUNS = pytest.StashKey[BackgroundRuns]()
 
 
 def verdict(notebook: Path) -> Verdict:
-    done = run_under_another_rounding(notebook)
-    return Verdict(done.returncode, done.stdout, runs_as_learner(notebook), RUNS_OWNER.get(notebook), _nobody()[0])
+    done, as_learner = run_under_another_rounding(notebook)
+    return Verdict(done.returncode, done.stdout, learners_machine(notebook), as_learner, RUNS_OWNER.get(notebook),
+                   _nobody()[0])
 
 
 LAUNCH = ("script", "nproc", "nnodes", "timeout", "fails")  # test_scripts.py's parameters: one launch of a script
