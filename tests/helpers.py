@@ -216,6 +216,47 @@ def shipped_launches() -> list[tuple[str, int, int, float, bool]]:
     return found
 
 
+def cell_arguments(script: str) -> str:
+    """What the cell that saves `script` passes it after `--` (empty: the script's defaults, as a learner's
+    plain launch runs it)."""
+    for path in NOTEBOOKS:
+        for cell in cells(path):
+            line = source(cell).partition("\n")[0]
+            if cell["cell_type"] == "code" and line.startswith("%%torchrun") and re.search(rf"--save\s+{re.escape(script)}(\s|$)", line):
+                return line.partition(" -- ")[2].strip()
+    raise LookupError(f"no cell saves {script}")
+
+
+# Variables a script may read itself: torchrun's, and CUDA's and NCCL's on a GPU machine (tests/unit/test_script_text.py).
+TORCHRUN_VARIABLES = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
+                      "CUDA_VISIBLE_DEVICES", "TORCH_NCCL_ASYNC_ERROR_HANDLING"}
+
+
+def plain_launch_reasons(script: str, nproc: int, nnodes: int, timeout: float, fails: bool) -> list[str]:
+    """Why `script` is launched plain (tests/lessons/test_scripts.py says why the rest need not be): what such a
+    launch shows that the notebook's own launch of the same file does not, or that no other script of its
+    lesson is launched plain (every lesson has one); empty where nothing."""
+    reasons = _what_only_a_plain_launch_shows(script, nnodes, fails)
+    lesson = [launch for launch in shipped_launches() if Path(launch[0]).name[:3] == Path(script).name[:3]]
+    if not reasons and lesson[0][0] == script and not any(_what_only_a_plain_launch_shows(other[0], other[2], other[4])
+                                                              for other in lesson):
+        reasons.append("the first of its lesson's scripts: no other of them needs a plain launch")
+    return reasons
+
+
+def _what_only_a_plain_launch_shows(script: str, nnodes: int, fails: bool) -> list[str]:
+    text = (NOTEBOOK_DIR / script).read_text()
+    siblings = {path.stem for path in (NOTEBOOK_DIR / "scripts").glob("*.py")}
+    imported = {name.split(".")[0] for node in ast.walk(ast.parse(text)) if isinstance(node, (ast.Import, ast.ImportFrom))
+                for name in ([alias.name for alias in node.names] if isinstance(node, ast.Import) else [node.module or ""])}
+    reasons = {"fails by design, and must end by itself: no notebook stops it": fails,
+               "several agents at one rendezvous": nnodes > 1,
+               "its defaults: the notebook passes it arguments": bool(cell_arguments(script)),
+               "keeps files in the temporary folder: two learners' runs side by side": writes_temporary_files(script),
+               "imports a module beside it in scripts/": bool(imported & siblings)}
+    return [reason for reason, holds in reasons.items() if holds]
+
+
 def plain_torchrun(nproc: int, nnodes: int) -> list[list[str]]:
     """The arguments of each torchrun agent: one `--standalone` agent, or (a cell's `--nnodes N`)
     N agents joined at one c10d rendezvous endpoint on 127.0.0.1, as on N machines of a cluster."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ast
 
-from helpers import NOTEBOOK_DIR
+from helpers import NOTEBOOK_DIR, TORCHRUN_VARIABLES, shipped_launches
 
 
 def fully_shard_calls_without_mesh(text: str) -> list[str]:
@@ -83,3 +83,48 @@ def test_every_script_writes_one_statement_and_one_import_a_line() -> None:
     offenders = {path.name: lines for path in sorted((NOTEBOOK_DIR / "scripts").glob("[0-9][0-9]*.py"))
                  if (lines := crowded_lines(path.read_text(encoding="utf-8")))}
     assert offenders == {}, f"lines with more than one statement or import: {offenders}"
+
+
+
+
+def variables_read(text: str) -> set[str]:
+    """The environment variables a script reads itself: `os.environ[NAME]`, `os.environ.get(NAME)`, `os.getenv(NAME)`;
+    `*` for any other use of `os.environ` (a copy of it, a name computed), which could read anything."""
+    tree = ast.parse(text)
+    lists = {node.targets[0].id: node.value for node in tree.body  # names = ["RANK", ...] at the top level
+             if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)}
+    looped = {}  # `for name in names` (or a slice of them, or a literal list) in a comprehension: what `name` takes
+    for node in ast.walk(tree):
+        if isinstance(node, ast.comprehension) and isinstance(node.target, ast.Name):
+            source = node.iter.value if isinstance(node.iter, ast.Subscript) else node.iter
+            try:
+                looped[node.target.id] = set(ast.literal_eval(lists.get(getattr(source, "id", None), source)))
+            except ValueError:
+                pass
+    found, read_by_name = set(), set()
+    for node in ast.walk(tree):
+        reader = None
+        if isinstance(node, ast.Subscript) and ast.unparse(node.value) == "os.environ":
+            reader, key = node.value, node.slice
+        elif isinstance(node, ast.Call) and ast.unparse(node.func) in ("os.environ.get", "os.getenv"):
+            reader, key = node.func, node.args[0] if node.args else None
+        if reader is not None:
+            read_by_name.update(id(part) for part in ast.walk(reader))
+            found |= ({key.value} if isinstance(key, ast.Constant) else looped.get(getattr(key, "id", None), {"*"}))
+    environ = [node for node in ast.walk(tree) if isinstance(node, ast.Attribute) and ast.unparse(node) == "os.environ"]
+    return found | {"*" for node in environ if id(node) not in read_by_name}
+
+
+def test_scripts_read_no_variable_but_torchruns_own() -> None:
+    """What the notebook's launcher adds to a rank's environment (its run folder, the barrier after init, the
+    language) reaches a script only through the package, never through a variable the script reads itself: so
+    the notebook's launch of a script's file is the launch a learner makes with plain torchrun, but for what
+    tests/lessons/test_scripts.py launches plain (helpers.plain_launch_reasons says what)."""
+    assert variables_read('import os\nr = int(os.environ["RANK"])\nn = os.environ.get("WORLD_SIZE", "1")\n') == {"RANK", "WORLD_SIZE"}
+    assert variables_read('import os\nos.getenv("FOURCARDS_RUN_DIR")\n') == {"FOURCARDS_RUN_DIR"}
+    assert variables_read("import os\nenv = dict(os.environ)\n") == {"*"}
+    assert variables_read("import os\nname = 'RANK'\nos.environ[name]\n") == {"*"}
+    assert variables_read('import os\nnames = ["RANK", "A"]\n{n: os.environ[n] for n in names[:1]}\n') == {"RANK", "A"}
+    readers = {script: extra for script, *_ in shipped_launches()
+               if (extra := variables_read((NOTEBOOK_DIR / script).read_text(encoding="utf-8")) - TORCHRUN_VARIABLES)}
+    assert readers == {}, f"scripts that read variables other than torchrun's: {readers}"
