@@ -15,6 +15,7 @@ import ast
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import site
@@ -31,7 +32,8 @@ from pathlib import Path
 
 import pytest
 
-from fourcard_helpers.rundir import PYTHONPATH_ENV, THREADS_ENV  # standard library only: no torch
+from fourcard_helpers.rundir import (LOCAL_RANK_ENV, PYTHONPATH_ENV, RANK_ENV, THREADS_ENV, VISIBLE_GPUS_ENV,  # standard
+                                     WORLD_SIZE_ENV)  # library only: no torch
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository, whichever tier a test lives in
 NOTEBOOK_DIR = ROOT / "notebooks"
@@ -55,6 +57,12 @@ BACKGROUND_THREADS = "background-job"
 # -- the lessons ----------------------------------------------------------------------------------
 def cells(path: Path) -> list[dict]:
     return json.loads(path.read_text(encoding="utf-8"))["cells"]
+
+
+@cache
+def _cells(path: Path) -> tuple[dict, ...]:
+    """A lesson's cells read once, for the lookups below, which only read them."""
+    return tuple(cells(path))
 
 
 def source(cell: dict) -> str:
@@ -88,11 +96,15 @@ def definitions(text: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def needs_slurm(notebook: Path) -> bool:
+    """Whether the lesson's metadata says it needs SLURM (`"fourcards": {"needs": "slurm"}`): lesson 12b."""
+    return json.loads(Path(notebook).read_text(encoding="utf-8"))["metadata"].get("fourcards", {}).get("needs") == "slurm"
+
+
 @cache
 def cannot_run_here(notebook: Path) -> str | None:
     """Why this lesson cannot run on this machine, or None when it can (always None in CI)."""
-    needs = json.loads(Path(notebook).read_text(encoding="utf-8"))["metadata"].get("fourcards", {}).get("needs")
-    if needs != "slurm" or os.environ.get("CI"):
+    if not needs_slurm(notebook) or os.environ.get("CI"):
         return None
     from fourcard_helpers.slurm import INSTALL_HINT, missing_programs
 
@@ -191,14 +203,15 @@ def start_kernel_like_launch(tmp_path: Path, kernel_code: str = KERNEL) -> subpr
 
 
 # -- a lesson's saved scripts, launched as a learner would, with plain torchrun ----------------------
-def shipped_launches() -> list[tuple[str, int, int, float, bool]]:
+@cache
+def shipped_launches() -> tuple[tuple[str, int, int, float, bool], ...]:
     """(script path relative to notebooks/, ranks per node, nodes, timeout, expected to fail) of every
     saved launch."""
     from fourcard_helpers.magic import placeholder_line
 
     found = []
     for path in NOTEBOOKS:
-        for cell in cells(path):
+        for cell in _cells(path):
             text = source(cell)
             if cell["cell_type"] != "code" or not text.startswith("%%torchrun"):
                 continue
@@ -213,48 +226,65 @@ def shipped_launches() -> list[tuple[str, int, int, float, bool]]:
                      or placeholder_line(text.partition("\n")[2]) is not None)
             found.append((saved.group(1), int(nproc.group(1)) if nproc else 4, int(nnodes.group(1)) if nnodes else 1,
                           float(timeout.group(1)) if timeout else 300.0, fails))
-    return found
+    return tuple(found)
 
 
-def cell_arguments(script: str) -> str:
-    """What the cell that saves `script` passes it after `--` (empty: the script's defaults, as a learner's
-    plain launch runs it)."""
+@cache
+def cell_arguments(script: str) -> tuple[str, ...]:
+    """What the cell that saves `script` passes it after `--`, split as the magic splits them (empty: the
+    script's defaults, as a learner's plain launch runs it)."""
     for path in NOTEBOOKS:
-        for cell in cells(path):
+        for cell in _cells(path):
             line = source(cell).partition("\n")[0]
-            if cell["cell_type"] == "code" and line.startswith("%%torchrun") and re.search(rf"--save\s+{re.escape(script)}(\s|$)", line):
-                return line.partition(" -- ")[2].strip()
+            words = shlex.split(line) if cell["cell_type"] == "code" and line.startswith("%%torchrun") else []
+            if "--save" in words and words[words.index("--save") + 1] == script:
+                return tuple(words[words.index("--") + 1:]) if "--" in words else ()
     raise LookupError(f"no cell saves {script}")
 
 
-# Variables a script may read itself: torchrun's, and CUDA's and NCCL's on a GPU machine (tests/unit/test_script_text.py).
-TORCHRUN_VARIABLES = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
-                      "CUDA_VISIBLE_DEVICES", "TORCH_NCCL_ASYNC_ERROR_HANDLING"}
+# The variables a script may read itself: torchrun's, and on a GPU machine those of CUDA and NCCL
+# (tests/unit/test_script_text.py). Anything else the launcher sets reaches a script through torch or the package.
+SCRIPT_VARIABLES = {RANK_ENV, LOCAL_RANK_ENV, WORLD_SIZE_ENV, "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
+                    VISIBLE_GPUS_ENV, "TORCH_NCCL_ASYNC_ERROR_HANDLING"}
+# What a collective looks like in a script's text: a script with none meets the other ranks only at the barrier the
+# launcher asks init_process_group for (rundir.INIT_BARRIER_ENV), which a plain launch does not.
+COLLECTIVE = re.compile(r"\b(all_reduce|all_gather\w*|reduce_scatter\w*|broadcast\w*|barrier|monitored_barrier|all_to_all\w*"
+                        r"|send|recv|isend|irecv|batch_isend_irecv|gather|scatter|reduce|DDP|DistributedDataParallel"
+                        r"|fully_shard|parallelize_module|distribute_tensor|full_tensor|redistribute|ZeroRedundancyOptimizer)\(")
 
 
-def plain_launch_reasons(script: str, nproc: int, nnodes: int, timeout: float, fails: bool) -> list[str]:
-    """Why `script` is launched plain (tests/lessons/test_scripts.py says why the rest need not be): what such a
-    launch shows that the notebook's own launch of the same file does not, or that no other script of its
-    lesson is launched plain (every lesson has one); empty where nothing."""
-    reasons = _what_only_a_plain_launch_shows(script, nnodes, fails)
+@cache
+def plain_launch_reasons(script: str, nproc: int, nnodes: int, timeout: float, fails: bool) -> tuple[str, ...]:
+    """Why `script` is launched plain (tests/lessons/test_scripts.py lists how the notebook's launch of a saved
+    file differs from a learner's plain one, and which reason covers each difference): what such a launch shows
+    that the notebook's own launch of the same file does not, or that no other script of its lesson that
+    succeeds is launched plain (so each lesson's promise is shown by a script that runs); empty where nothing."""
+    reasons = list(_what_only_a_plain_launch_shows(script, nnodes, fails))
     lesson = [launch for launch in shipped_launches() if Path(launch[0]).name[:3] == Path(script).name[:3]]
-    if not reasons and lesson[0][0] == script and not any(_what_only_a_plain_launch_shows(other[0], other[2], other[4])
-                                                              for other in lesson):
-        reasons.append("the first of its lesson's scripts: no other of them needs a plain launch")
-    return reasons
+    succeeding = [launch for launch in lesson if not launch[4]]
+    if (not reasons and succeeding and succeeding[0][0] == script
+            and not any(_what_only_a_plain_launch_shows(other[0], other[2], other[4]) for other in succeeding)):
+        reasons.append("the first of its lesson's scripts that succeed: no other of them needs a plain launch")
+    return tuple(reasons)
 
 
-def _what_only_a_plain_launch_shows(script: str, nnodes: int, fails: bool) -> list[str]:
+@cache
+def _what_only_a_plain_launch_shows(script: str, nnodes: int, fails: bool) -> tuple[str, ...]:
     text = (NOTEBOOK_DIR / script).read_text()
-    siblings = {path.stem for path in (NOTEBOOK_DIR / "scripts").glob("*.py")}
+    beside = {path.stem for folder in (NOTEBOOK_DIR / "scripts", NOTEBOOK_DIR, ROOT) for path in folder.glob("*.py")}
     imported = {name.split(".")[0] for node in ast.walk(ast.parse(text)) if isinstance(node, (ast.Import, ast.ImportFrom))
                 for name in ([alias.name for alias in node.names] if isinstance(node, ast.Import) else [node.module or ""])}
+    after_init = text.partition("init_process_group(")[2]
     reasons = {"fails by design, and must end by itself: no notebook stops it": fails,
                "several agents at one rendezvous": nnodes > 1,
                "its defaults: the notebook passes it arguments": bool(cell_arguments(script)),
                "keeps files in the temporary folder: two learners' runs side by side": writes_temporary_files(script),
-               "imports a module beside it in scripts/": bool(imported & siblings)}
-    return [reason for reason, holds in reasons.items() if holds]
+               "imports a module of the course's folders, which only the notebook's launch puts on the path":
+                   bool(imported & beside),
+               "imports matplotlib, whose backend only the notebook's launch chooses": "matplotlib" in imported,
+               "joins a group but names no collective: only the notebook's launch ends init with a barrier":
+                   "init_process_group(" in text and not COLLECTIVE.search(after_init)}
+    return tuple(reason for reason, holds in reasons.items() if holds)
 
 
 def plain_torchrun(nproc: int, nnodes: int) -> list[list[str]]:
@@ -388,17 +418,26 @@ def launch_shipped_script(script: str, nproc: int, nnodes: int, timeout: float, 
 # lesson 00 meets all of it in its run under another rounding (tests/lessons/conftest.py).
 ACCOUNT, HOME, LOCALE, ONE_CORE = ("a learner's account", "a home folder named with a space and Chinese characters",
                                    "a Chinese locale", "one core")
-LEARNERS_HOME = "我的 课程"
+LEARNERS_HOME, LOCALE_NAME = "我的 课程", "zh_CN.UTF-8"
+
+
+def missing_for_a_learners_machine() -> list[str]:
+    """What this machine lacks to be a learner's in every condition above: taskset (util-linux), the Chinese
+    locale (Debian: the locales package, zh_CN.UTF-8 generated; .ci/run does both)."""
+    listed = subprocess.run(["locale", "-a"], capture_output=True, text=True).stdout.lower().split()
+    return ([] if shutil.which("taskset") else ["taskset (util-linux)"]) + (
+        [] if LOCALE_NAME.lower().replace("utf-8", "utf8") in listed else [f"the locale {LOCALE_NAME}"])
 
 
 def learners_machine(notebook: Path) -> tuple[str, ...]:
     """What of a learner's machine the lesson's run meets besides another rounding: lesson 00 every condition
-    above (one core where taskset is installed); lesson 12b, the practice cluster's, a learner's account where the
-    suite runs as root (its daemons run as whoever runs it: root's run of the suite and this one cover both)."""
+    above that this machine can give (test_hostile_conditions.py fails in CI, and skips elsewhere, for the
+    others); lesson 12b, the practice cluster's, a learner's account where the suite runs as root (its daemons
+    run as whoever runs it: root's run of the suite and this one cover both)."""
     if notebook == NOTEBOOKS[0]:
-        return (ACCOUNT, HOME, LOCALE, *([ONE_CORE] if shutil.which("taskset") else []))
-    needs = json.loads(notebook.read_text(encoding="utf-8"))["metadata"].get("fourcards", {}).get("needs")
-    return (ACCOUNT,) if needs == "slurm" and os.geteuid() == 0 else ()
+        missing = " ".join(missing_for_a_learners_machine())
+        return (ACCOUNT, HOME, *([LOCALE] if "locale" not in missing else []), *([ONE_CORE] if "taskset" not in missing else []))
+    return (ACCOUNT,) if needs_slurm(notebook) and os.geteuid() == 0 else ()
 
 
 AS_NOBODY = ["runuser", "-u", "nobody", "--"]  # runuser drops root's rights as a login would

@@ -1,13 +1,13 @@
 """What takes long and leaves cores idle runs in the background, beside the rest of the suite: each lesson
-under another rounding, then every shipped script under plain torchrun.
+under another rounding, then the shipped scripts that tests/lessons/test_scripts.py launches with plain torchrun.
 
 Each lesson runs a second time under strict nbval with another rounding (tests/lessons/test_other_rounding.py
 says why), one lesson at a time, in a pytest of its own: about as long as the first run of every notebook.
 Waiting for those runs after the suite, or running them as ordinary tests, would add that time to CI's;
 started as soon as collection ends, they overlap the rest of the suite, whose launches leave a core idle a
 fair share of the time. Each lesson thus also meets a machine busy with other tests, which no check of a
-lesson may mind (no assert is decided by speed). Once they have ended, the same thread launches every shipped
-script as a learner would (tests/lessons/test_scripts.py): the suite's second half, alone on the machine,
+lesson may mind (no assert is decided by speed). Once they have ended, the same thread launches those scripts
+as a learner would (tests/lessons/test_scripts.py): the suite's second half, alone on the machine,
 kept its two cores only 60 to 80 % busy (a local run, /proc/stat read every 5 s, averaged over 5 minutes).
 
 This small plugin does it for any test that asks for one of the fixtures in JOBS (`under_another_rounding`,
@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,44 +35,53 @@ from typing import Any
 
 import pytest
 
-from fourcard_helpers.rundir import RUN_DIR_ENV
-from helpers import (ACCOUNT, ANOTHER_ROUNDING, AS_NOBODY, BACKGROUND_THREADS, HOME, LEARNERS_HOME, LOCALE, ONE_CORE,
-                     PLAIN_LAUNCHES, ROOT, SHARED_RUNS,
-                     TORCHRUN_CLOSE_SECONDS, launch_shipped_script, learners_machine, venv_for_nobody)
+from fourcard_helpers.rundir import RENAMED, RUN_DIR_ENV
+from helpers import (ACCOUNT, ANOTHER_ROUNDING, AS_NOBODY, BACKGROUND_THREADS, HOME, LEARNERS_HOME, LOCALE, LOCALE_NAME,
+                     ONE_CORE, PLAIN_LAUNCHES, ROOT, SHARED_RUNS, TORCHRUN_CLOSE_SECONDS, launch_shipped_script, learners_machine, venv_for_nobody)
 
 
 @dataclass(frozen=True)
 class Verdict:
     """A lesson's run under another rounding: strict nbval's exit code and output; what of a learner's machine
     it met besides (`machine`); whether it ran as an ordinary user where the suite runs as root, and then who
-    owns what the lesson wrote."""
+    owns what the lesson wrote (its `runs` folder; in a home of its own, the scripts it saved, and where)."""
     returncode: int
     output: str
     machine: tuple[str, ...]
     as_learner: bool
     runs_owner: int | None
+    saved: list[tuple[int, str]]
     learner: int
 
 
-def run_under_another_rounding(notebook: Path) -> tuple[subprocess.CompletedProcess[str], bool]:
-    """The notebook under strict nbval in a pytest of its own, with another rounding, in a copy of the
+def run_in_a_copy(notebook: Path, rounding: Mapping[str, str], machine: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
+    """The notebook under strict nbval in a pytest of its own, with `rounding`'s variables, in a copy of the
     notebooks folder in a temporary folder of its own: lessons write beside themselves (saved scripts,
     `runs/`) and keep checkpoints in the temporary folder, while the rest of the suite, its own run of
     the same lesson included, goes on beside it. Without pytest's cache, which the suite's pytest writes.
-    The copy lies in a home folder of its own, which the run is given with the rest of the learner's machine
-    the lesson meets (learners_machine). The completed run, and whether it ran as `nobody`."""
-    machine = learners_machine(notebook)
+    The run meets `machine`, what of a learner's machine it must bear besides (learners_machine): with a home
+    folder of its own, the copy lies in it, without the scripts the lesson saves, whose owner and place
+    (SAVED) then show who ran the lesson, and where."""
     with tempfile.TemporaryDirectory(prefix="fourcard-rounding-") as scratch:
+        as_learner = ACCOUNT in machine and os.geteuid() == 0
         home = Path(scratch, LEARNERS_HOME if HOME in machine else "home")
-        course = home / "four-cards"
+        course = home / "four-cards" if HOME in machine else Path(scratch, "course")
+        saves = f"{notebook.stem.split('_')[0]}_*.py"  # the lesson's own scripts, which it writes again
         shutil.copytree(ROOT / "notebooks", course / "notebooks",
-                        ignore=shutil.ignore_patterns("runs", "traces", ".ipynb_checkpoints", "__pycache__"))
+                        ignore=shutil.ignore_patterns("runs", "traces", ".ipynb_checkpoints", "__pycache__",
+                                                      *([saves] if HOME in machine else [])))
         shutil.copy(ROOT / "pyproject.toml", course)  # pytest's options: nbval, the sanitize file
-        env = {**SUITE_ENVIRONMENT, **ANOTHER_ROUNDING, "HOME": str(home), "TMPDIR": scratch,
-               **({"LANG": "zh_CN.UTF-8"} if LOCALE in machine else {})}
-        env.pop(RUN_DIR_ENV, None)  # a learner's own run, even where the suite itself runs inside a launch
+        env = {**SUITE_ENVIRONMENT, **rounding, "TMPDIR": scratch}
+        for name in (RUN_DIR_ENV, RENAMED[RUN_DIR_ENV]):  # a learner's own run, even where the suite runs inside a launch
+            env.pop(name, None)
+        if HOME in machine or as_learner:
+            home.mkdir(exist_ok=True)
+            env["HOME"] = str(home)
+        if LOCALE in machine:  # what decides the locale, LANG alone
+            env = {name: value for name, value in env.items() if not name.startswith("LC_") and name != "LANGUAGE"}
+            env["LANG"] = LOCALE_NAME
         args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"notebooks/{notebook.name}"]
-        if as_learner := (ACCOUNT in machine and os.geteuid() == 0):  # runuser would set HOME to nobody's: the env keeps it
+        if as_learner:  # runuser would set HOME to nobody's: `env` gives the learner's folders again
             python = venv_for_nobody(Path(scratch))
             for path in [Path(scratch), *Path(scratch).rglob("*")]:
                 os.chown(path, *_nobody(), follow_symlinks=False)
@@ -91,7 +100,9 @@ def run_under_another_rounding(notebook: Path) -> tuple[subprocess.CompletedProc
         runs = course / "notebooks" / "runs"
         if runs.exists():
             RUNS_OWNER[notebook] = runs.stat().st_uid
-        return subprocess.CompletedProcess(args, proc.returncode, out, ""), as_learner
+        if HOME in machine:
+            SAVED[notebook] = [(path.stat().st_uid, str(path)) for path in sorted((course / "notebooks" / "scripts").glob(saves))]
+        return subprocess.CompletedProcess(args, proc.returncode, out, "")
 
 
 # The environment as the suite set it, before any test ran: a run starts while tests go on in the main thread,
@@ -157,13 +168,15 @@ class BackgroundRuns:
 
 _running: set[subprocess.Popen[str]] = set()
 RUNS_OWNER: dict[Path, int] = {}  # who owns the `runs` folder each lesson wrote: who ran it
+SAVED: dict[Path, list[tuple[int, str]]] = {}  # the owner and path of each script a lesson in a home of its own saved
 RUNS = pytest.StashKey[BackgroundRuns]()
 
 
-def verdict(notebook: Path) -> Verdict:
-    done, as_learner = run_under_another_rounding(notebook)
-    return Verdict(done.returncode, done.stdout, learners_machine(notebook), as_learner, RUNS_OWNER.get(notebook),
-                   _nobody()[0])
+def verdict(notebook: Path, rounding: Mapping[str, str] = ANOTHER_ROUNDING) -> Verdict:
+    machine = learners_machine(notebook) if rounding else ()
+    done = run_in_a_copy(notebook, rounding, machine)
+    return Verdict(done.returncode, done.stdout, machine, ACCOUNT in machine and os.geteuid() == 0,
+                   RUNS_OWNER.get(notebook), SAVED.get(notebook, []), _nobody()[0])
 
 
 LAUNCH = ("script", "nproc", "nnodes", "timeout", "fails")  # test_scripts.py's parameters: one launch of a script
@@ -175,6 +188,7 @@ JOBS: dict[str, tuple[Callable[[dict[str, Any]], Hashable], Callable[[Background
         lambda params: tuple(params[name] for name in LAUNCH),
         # from the environment the suite started with, as a lesson's run above
         lambda runs, launch: launch_shipped_script(*launch, runs.temp_dirs, runs.side_by_side, runs.stopping, SUITE_ENVIRONMENT)),
+    "under_this_rounding": (lambda params: params["notebook"], lambda runs, notebook: verdict(notebook, {})),
 }
 
 
@@ -184,11 +198,19 @@ def _job(item: pytest.Item) -> tuple[str, Hashable] | None:
     return None if fixture is None else (fixture, JOBS[fixture][0](item.callspec.params))
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+@pytest.hookimpl(trylast=True)  # after -k and -m have chosen: only a job of a test still selected counts
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The tests that wait for a job go last, each job having had the rest of the suite to finish; their jobs
-    start in that order: the lessons' runs first, the slowest, then the scripts' launches (JOBS' order)."""
+    start in that order: the lessons' runs under another rounding first, the slowest, then the scripts' launches,
+    then the lessons whose nbval runs in the background (JOBS' order). A lesson whose run in this rounding is a
+    job is not run again by the suite's own nbval (tests/lessons/test_this_rounding.py)."""
+    in_background = {str(_job(item)[1]) for item in items if _job(item) is not None and _job(item)[0] == "under_this_rounding"}
+    again = [item for item in items if type(item).__name__ == "IPyNbCell" and str(item.path) in in_background]
+    if again:
+        config.hook.pytest_deselected(items=again)
     waiting = sorted((item for item in items if _job(item) is not None), key=lambda item: list(JOBS).index(_job(item)[0]))
-    items[:] = [item for item in items if _job(item) is None] + waiting
+    deselected = set(map(id, again))
+    items[:] = [item for item in items if _job(item) is None and id(item) not in deselected] + waiting
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -217,6 +239,12 @@ def _result(request: pytest.FixtureRequest) -> Any:
 @pytest.fixture
 def under_another_rounding(request: pytest.FixtureRequest, notebook: Path) -> Verdict:
     """The verdict of `notebook`'s run under another rounding, started when collection ended."""
+    return _result(request)
+
+
+@pytest.fixture
+def under_this_rounding(request: pytest.FixtureRequest, notebook: Path) -> Verdict:
+    """The verdict of `notebook`'s strict nbval in this machine's rounding, run in the background lane."""
     return _result(request)
 
 

@@ -1,26 +1,36 @@
 """The scripts a lesson saves run unchanged with plain `torchrun`, as the lessons promise (what the
 scripts' text must hold, read without running them, is tests/unit/test_script_text.py's).
 
-The notebook's `%%torchrun` runs the very file it saves, in each rank as `python SCRIPT` runs it (the script
-as `__main__`, its folder first on the path: fourcard_helpers/worker.py), under torchrun's own entry point,
-in both roundings of every run of the suite. What the launcher adds reaches a script only through the
-package (`detect()`, `report()`, which prints what it would send where no launcher is there), since a script
-reads no variable but torchrun's own (test_script_text.py checks it). So a plain launch shows something more
-only for a script that
+The notebook's `%%torchrun` runs the very file it saves, under torchrun's own entry point, in both roundings
+of every run of the suite; each rank runs it through fourcard_helpers/worker.py, with the script's folder
+first on the path and its arguments in `sys.argv`. How that launch differs from a learner's plain one, and
+what here covers each difference:
 
-* fails by design (a staged failure, an exercise's skeleton): it must end by itself, within its cell's
-  timeout, where no notebook stops it;
-* runs on several agents (`--nnodes N`: N bare agents at one rendezvous, as on N machines);
-* is given arguments by its cell: a plain launch runs its defaults;
-* keeps files in the temporary folder: two learners' runs side by side must not collide;
-* imports a module beside it in scripts/;
+* what no notebook does for a plain launch: stop a script that fails, at its cell's timeout; start several
+  agents at one rendezvous; pass the cell's arguments (a plain launch runs the defaults); keep a learner's
+  files apart from another's: each script with one of these is launched plain, a script that keeps files in
+  the temporary folder twice side by side;
+* what only the notebook's launch sets: the barrier that ends init_process_group (a script with no collective
+  of its own is launched plain), matplotlib's backend (a script that imports matplotlib is launched plain),
+  the notebooks folder and the repository on the path (a script that imports a module from the course's folders
+  is launched plain), the run folder through which `report()` sends its values (a plain launch prints them:
+  every plain launch below shows it), one thread a rank on this machine's cores (on two cores, the same one);
+* what the worker does in the rank: the script runs in a namespace of its own named `__main__` and its rank ends
+  without Python's teardown (every script that joins a group ends that way itself: test_script_text.py); the
+  DDP doctor watches a few calls; the output goes to files: none of it changes what a script computes;
+* a script reads no variable but torchrun's and the devices' itself (test_script_text.py checks it), so the
+  launcher's other variables reach it only through torch, matplotlib or the package, as above.
 
-and every lesson has at least one plain launch (its first script, where none of the above applies). Each
-of those runs under a bare `python -m torch.distributed.run --standalone` with no arguments, from the
-notebooks folder, on simulated cards (plain_launch_reasons in tests/helpers.py chooses them; the reason is
-in the test's id). The suite is bound by CPU work, and every launch costs about 8 core-seconds of start-up
-alone (a torchrun agent and four ranks, each importing torch): all 72 launches, with the second runs side by
-side, took about 975 core-seconds on a 2-core AMD EPYC; these 31 (39 runs) about 470.
+plain_launch_reasons in tests/helpers.py chooses the launches by those rules, and where a lesson has none that
+succeeds, its first script that does, so that every lesson that saves scripts shows one running plain; each
+test's id says why it runs. Each runs under a bare `python -m torch.distributed.run --standalone` with no
+arguments, from the notebooks folder, on simulated cards.
+
+The suite is bound by CPU work, and every launch costs about 8 core-seconds of start-up alone (a torchrun agent
+and four ranks, each importing torch). Measured once, on an otherwise idle 2-core AMD EPYC (torch 2.13.0+cpu),
+as the CPU time of each launch's processes: all 72 launches one after another took 863 core-seconds; with the
+second runs side by side, about 975 (added up from the same measurement). These 34 (42 runs) add up to about
+half of that.
 
 The launches run in the background, one after another, once the lessons' runs under another rounding
 have ended (tests/lessons/conftest.py), beside the rest of the suite.

@@ -1,11 +1,12 @@
-"""What every shipped script's text must hold, read without running it (tests/lessons/test_scripts.py runs
-each one with plain torchrun): FSDP2's mesh named, the exit-race cure of lesson 00 by its name, one statement
-and one import a line."""
+"""What every shipped script's text must hold, read without running it (tests/lessons/test_scripts.py launches
+with plain torchrun those for which a plain launch shows more than the notebook's): FSDP2's mesh named, the
+exit-race cure of lesson 00 by its name, one statement and one import a line, no variable read but torchrun's
+and the devices'."""
 from __future__ import annotations
 
 import ast
 
-from helpers import NOTEBOOK_DIR, TORCHRUN_VARIABLES, shipped_launches
+from helpers import NOTEBOOK_DIR, SCRIPT_VARIABLES, shipped_launches
 
 
 def fully_shard_calls_without_mesh(text: str) -> list[str]:
@@ -87,20 +88,26 @@ def test_every_script_writes_one_statement_and_one_import_a_line() -> None:
 
 
 
+
 def variables_read(text: str) -> set[str]:
-    """The environment variables a script reads itself: `os.environ[NAME]`, `os.environ.get(NAME)`, `os.getenv(NAME)`;
-    `*` for any other use of `os.environ` (a copy of it, a name computed), which could read anything."""
+    """The environment variables a script reads itself: `os.environ[NAME]`, `os.environ.get(NAME)` and
+    `os.getenv(NAME)`, NAME a literal or a comprehension's variable over a literal list; `*` for any other reach
+    into the environment (a copy of `os.environ`, a name computed, `os` under another name, `from os import environ`,
+    `environb`), which could read anything."""
     tree = ast.parse(text)
     lists = {node.targets[0].id: node.value for node in tree.body  # names = ["RANK", ...] at the top level
              if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)}
-    looped = {}  # `for name in names` (or a slice of them, or a literal list) in a comprehension: what `name` takes
+    looped: dict[int, set[str]] = {}  # a comprehension's `name` (each node that reads it) -> what it takes
     for node in ast.walk(tree):
-        if isinstance(node, ast.comprehension) and isinstance(node.target, ast.Name):
-            source = node.iter.value if isinstance(node.iter, ast.Subscript) else node.iter
+        for loop in getattr(node, "generators", []):
+            source = loop.iter.value if isinstance(loop.iter, ast.Subscript) else loop.iter
             try:
-                looped[node.target.id] = set(ast.literal_eval(lists.get(getattr(source, "id", None), source)))
-            except ValueError:
-                pass
+                values = set(ast.literal_eval(lists.get(getattr(source, "id", None), source)))
+            except (ValueError, TypeError, SyntaxError):
+                continue
+            for used in ast.walk(node):
+                if isinstance(loop.target, ast.Name) and isinstance(used, ast.Name) and used.id == loop.target.id:
+                    looped[id(used)] = values
     found, read_by_name = set(), set()
     for node in ast.walk(tree):
         reader = None
@@ -110,21 +117,29 @@ def variables_read(text: str) -> set[str]:
             reader, key = node.func, node.args[0] if node.args else None
         if reader is not None:
             read_by_name.update(id(part) for part in ast.walk(reader))
-            found |= ({key.value} if isinstance(key, ast.Constant) else looped.get(getattr(key, "id", None), {"*"}))
-    environ = [node for node in ast.walk(tree) if isinstance(node, ast.Attribute) and ast.unparse(node) == "os.environ"]
-    return found | {"*" for node in environ if id(node) not in read_by_name}
+            found |= {key.value} if isinstance(key, ast.Constant) else looped.get(id(key), {"*"})
+    other = [node for node in ast.walk(tree)
+             if (isinstance(node, ast.Attribute) and node.attr in ("environ", "environb", "getenv")
+                 and id(node) not in read_by_name)
+             or (isinstance(node, ast.ImportFrom) and node.module == "os"
+                 and {alias.name for alias in node.names} & {"environ", "environb", "getenv", "*"})
+             or (isinstance(node, ast.Import) and any(alias.name == "os" and alias.asname for alias in node.names))]
+    return found | ({"*"} if other else set())
 
 
-def test_scripts_read_no_variable_but_torchruns_own() -> None:
+def test_scripts_read_no_variable_but_torchruns_and_the_devices() -> None:
     """What the notebook's launcher adds to a rank's environment (its run folder, the barrier after init, the
-    language) reaches a script only through the package, never through a variable the script reads itself: so
-    the notebook's launch of a script's file is the launch a learner makes with plain torchrun, but for what
-    tests/lessons/test_scripts.py launches plain (helpers.plain_launch_reasons says what)."""
+    backend of matplotlib, the path) reaches a script through torch, matplotlib, Python or the package, never
+    through a variable the script reads itself; tests/lessons/test_scripts.py launches plain every script for
+    which one of those differences could show (helpers.plain_launch_reasons)."""
     assert variables_read('import os\nr = int(os.environ["RANK"])\nn = os.environ.get("WORLD_SIZE", "1")\n') == {"RANK", "WORLD_SIZE"}
     assert variables_read('import os\nos.getenv("FOURCARDS_RUN_DIR")\n') == {"FOURCARDS_RUN_DIR"}
-    assert variables_read("import os\nenv = dict(os.environ)\n") == {"*"}
-    assert variables_read("import os\nname = 'RANK'\nos.environ[name]\n") == {"*"}
     assert variables_read('import os\nnames = ["RANK", "A"]\n{n: os.environ[n] for n in names[:1]}\n') == {"RANK", "A"}
+    assert variables_read('import os\n[os.environ[n] for n in ["A"]]\n[os.environ[n] for n in ["B"]]\n') == {"A", "B"}
+    for anything in ("import os\nenv = dict(os.environ)\n", "import os\nname = 'RANK'\nos.environ[name]\n",
+                     "from os import environ\nenviron['X']\n", "from os import getenv\ngetenv('X')\n",
+                     "import os as o\no.environ['X']\n", "import os\nos.environb[b'X']\n", "import os\nget = os.getenv\nget('X')\n"):
+        assert variables_read(anything) == {"*"}, anything
     readers = {script: extra for script, *_ in shipped_launches()
-               if (extra := variables_read((NOTEBOOK_DIR / script).read_text(encoding="utf-8")) - TORCHRUN_VARIABLES)}
-    assert readers == {}, f"scripts that read variables other than torchrun's: {readers}"
+               if (extra := variables_read((NOTEBOOK_DIR / script).read_text(encoding="utf-8")) - SCRIPT_VARIABLES)}
+    assert readers == {}, f"scripts that read variables other than torchrun's and the devices': {readers}"
