@@ -413,7 +413,6 @@ def launch_shipped_script(script: str, nproc: int, nnodes: int, timeout: float, 
 
 
 # -- an ordinary user ---------------------------------------------------------------------------------
-
 # What a learner's machine is and this one is not (tests/lessons/test_hostile_conditions.py says why each):
 # lesson 00 meets all of it in its run under another rounding (tests/lessons/conftest.py).
 ACCOUNT, HOME, LOCALE, ONE_CORE = ("a learner's account", "a home folder named with a space and Chinese characters",
@@ -421,12 +420,12 @@ ACCOUNT, HOME, LOCALE, ONE_CORE = ("a learner's account", "a home folder named w
 LEARNERS_HOME, LOCALE_NAME = "我的 课程", "zh_CN.UTF-8"
 
 
-def missing_for_a_learners_machine() -> list[str]:
-    """What this machine lacks to be a learner's in every condition above: taskset (util-linux), the Chinese
-    locale (Debian: the locales package, zh_CN.UTF-8 generated; .ci/run does both)."""
+def missing_for_a_learners_machine() -> dict[str, str]:
+    """The conditions above this machine cannot give, each with what it lacks for it: taskset (util-linux) for one
+    core, the locale for a Chinese one (Debian: the locales package, zh_CN.UTF-8 generated; .ci/run does both)."""
     listed = subprocess.run(["locale", "-a"], capture_output=True, text=True).stdout.lower().split()
-    return ([] if shutil.which("taskset") else ["taskset (util-linux)"]) + (
-        [] if LOCALE_NAME.lower().replace("utf-8", "utf8") in listed else [f"the locale {LOCALE_NAME}"])
+    return {**({} if shutil.which("taskset") else {ONE_CORE: "taskset (util-linux)"}),
+            **({} if LOCALE_NAME.lower().replace("utf-8", "utf8") in listed else {LOCALE: f"the locale {LOCALE_NAME}"})}
 
 
 def learners_machine(notebook: Path) -> tuple[str, ...]:
@@ -435,8 +434,8 @@ def learners_machine(notebook: Path) -> tuple[str, ...]:
     others); lesson 12b, the practice cluster's, a learner's account where the suite runs as root (its daemons
     run as whoever runs it: root's run of the suite and this one cover both)."""
     if notebook == NOTEBOOKS[0]:
-        missing = " ".join(missing_for_a_learners_machine())
-        return (ACCOUNT, HOME, *([LOCALE] if "locale" not in missing else []), *([ONE_CORE] if "taskset" not in missing else []))
+        missing = missing_for_a_learners_machine()
+        return tuple(condition for condition in (ACCOUNT, HOME, LOCALE, ONE_CORE) if condition not in missing)
     return (ACCOUNT,) if needs_slurm(notebook) and os.geteuid() == 0 else ()
 
 

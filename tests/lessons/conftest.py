@@ -12,7 +12,8 @@ kept its two cores only 60 to 80 % busy (a local run, /proc/stat read every 5 s,
 
 This small plugin does it for any test that asks for one of the fixtures in JOBS (`under_another_rounding`,
 with the lesson as its parameter `notebook`; `launched_with_plain_torchrun`, with the script's launch as its
-parameters): it starts the jobs of the selected tests when collection ends, in the order of those tests,
+parameters; `under_this_rounding`, a lesson's strict nbval moved here from the suite's own lane,
+tests/lessons/test_this_rounding.py): it starts the jobs of the selected tests when collection ends, in the order of those tests,
 orders those tests last so that waiting for a job costs the suite as little as possible, gives each test its
 job's result, and at the session's end stops what is still running. A job whose test was not selected is not
 started (`pytest -m "not slow"`, `-k`), and `--collect-only` starts none.
@@ -173,7 +174,7 @@ RUNS = pytest.StashKey[BackgroundRuns]()
 
 
 def verdict(notebook: Path, rounding: Mapping[str, str] = ANOTHER_ROUNDING) -> Verdict:
-    machine = learners_machine(notebook) if rounding else ()
+    machine = learners_machine(notebook) if rounding else ()  # this machine's rounding: the suite's own conditions
     done = run_in_a_copy(notebook, rounding, machine)
     return Verdict(done.returncode, done.stdout, machine, ACCOUNT in machine and os.geteuid() == 0,
                    RUNS_OWNER.get(notebook), SAVED.get(notebook, []), _nobody()[0])

@@ -41,7 +41,7 @@ LESSON = NOTEBOOKS[0]
 def test_lesson_00_ran_on_a_learners_machine(notebook: Path, under_another_rounding: Any) -> None:
     done = under_another_rounding  # the lesson's run under another rounding, started when collection ended
     if missing := missing_for_a_learners_machine():
-        (pytest.fail if os.environ.get("CI") else pytest.skip)(f"this machine lacks {', '.join(missing)}")
+        (pytest.fail if os.environ.get("CI") else pytest.skip)(f"this machine lacks {', '.join(missing.values())}")
     assert done.machine == (ACCOUNT, HOME, LOCALE, ONE_CORE)
     if done.returncode != 0:
         pytest.fail("lesson 00's run failed: test_other_rounding.py shows how", pytrace=False)
