@@ -6,6 +6,10 @@ Everything is imported lazily: each rank of a launch imports this package only f
 In a notebook, `%load_ext fourcard_helpers` adds the `%%torchrun` cell magic (see magic.py)
 and the warm session's `%ranks` / `%%ranks` (see warm_magics.py).
 
+The two halves share one flat folder, and this map is the layout: the saved scripts' `from fourcard_helpers.models
+import MnistCNN`, a terminal's `python -m fourcard_helpers.check` and the notebooks' imports name a module directly,
+and subfolders would only lengthen those names (tests/unit/test_package_map.py holds this map to the folder).
+
 The machinery that runs ranks (a lesson uses it and never teaches it); one line a module:
 
     cards.py           which cards a launch runs on: GPUs with NCCL, or simulated cards (CPU processes, gloo)

@@ -15,6 +15,8 @@ named `<kind>.<global rank>`:
     done.R    the rank's script returned normally
     exit.R    how the rank's process ended, as the torchrun agent saw it (JSON; failures only)
     doctor.R  what the DDP doctor saw the rank's script do (JSON; see doctor.py)
+    trace.R   an exercise check's folder: the collectives the rank launched, one JSON line each
+    stuck.R   an exercise check's folder: what the rank waited for when its time limit passed (JSON)
 
 and, beside the records, the files of the launch as a whole (FILES):
 
@@ -78,9 +80,9 @@ IPYTHONDIR_ENV = "IPYTHONDIR"  # a warm session's engines
 SLURM_CONF_ENV = "SLURM_CONF"  # which practice cluster SLURM's commands speak to
 PATH_ENV = "PATH"  # where programs are found: SLURM's daemons live in sbin, which an ordinary user's may lack
 
-PID, STDOUT, STDERR, REPORT, ERROR, CRASH, DONE, EXIT, DOCTOR = (
-    "pid", "stdout", "stderr", "report", "error", "crash", "done", "exit", "doctor")
-KINDS = (PID, STDOUT, STDERR, REPORT, ERROR, CRASH, DONE, EXIT, DOCTOR)
+PID, STDOUT, STDERR, REPORT, ERROR, CRASH, DONE, EXIT, DOCTOR, TRACE, STUCK = (
+    "pid", "stdout", "stderr", "report", "error", "crash", "done", "exit", "doctor", "trace", "stuck")
+KINDS = (PID, STDOUT, STDERR, REPORT, ERROR, CRASH, DONE, EXIT, DOCTOR, TRACE, STUCK)
 CELL, TORCHRUN_LOGS, PROFILE, IPYTHON, CONTROLLER_LOG, TORCHRUN_LOG = (
     "cell.py", "torchrun", "profile", "ipython", "controller.log", "torchrun.log")
 FILES = (CELL, TORCHRUN_LOGS, PROFILE, IPYTHON, CONTROLLER_LOG, TORCHRUN_LOG)

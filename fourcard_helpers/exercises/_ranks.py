@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from fourcard_helpers import detect, exit_without_teardown, report
 from fourcard_helpers.language import _
-from fourcard_helpers.rundir import LOCAL_RANK_ENV, WORLD_SIZE_ENV
+from fourcard_helpers.rundir import LOCAL_RANK_ENV, TRACE, WORLD_SIZE_ENV, RunDir
 
 COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
                "reduce_scatter_tensor", "reduce", "all_to_all", "all_to_all_single", "send", "recv",
@@ -116,7 +116,7 @@ def start() -> tuple[ModuleType, torch.device, dict[str, Any]]:
     device = DEVICE = cards.device(int(os.environ[LOCAL_RANK_ENV]))
     if cards.kind == "cuda":
         torch.cuda.set_device(device)
-    _trace = open(folder / f"rank{dist.get_rank()}.jsonl", "a", encoding="utf-8")  # noqa: SIM115 - kept open
+    _trace = open(RunDir(folder).file(TRACE, dist.get_rank()), "a", encoding="utf-8")  # noqa: SIM115 - kept open
     for name in COLLECTIVES:
         if hasattr(dist, name):
             setattr(dist, name, _recorded(name, getattr(dist, name)))

@@ -14,8 +14,7 @@ import os
 import shutil
 import tempfile
 import threading
-import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -23,7 +22,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from ..lifecycle import POLL_SECONDS
+from ..lifecycle import wait_until
+from ..rundir import STUCK, RunDir
 
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all",
                "all_to_all_single", "broadcast", "broadcast_object_list", "gather", "gather_object", "reduce",
@@ -144,13 +144,9 @@ def time_limit(seconds: float, folder: str | os.PathLike[str], traffic: Traffic)
                   "posted": {kind: sum(op["op"] == kind for op in traffic.ops) for kind in ("send", "recv")},
                   "sends_posted_to": _count(op["peer"] for op in traffic.ops if op["op"] == "send"),
                   "received_from": _count(op["peer"] for op in traffic.ops if op["op"] == "recv" and op["done"])}
-        path = Path(folder) / f"stuck.{rank}"
-        written = Path(folder) / f"stuck.{rank}.tmp"  # one per rank: the record appears whole, under its name
-        written.write_text(json.dumps(record), encoding="utf-8")
-        written.replace(path)
-        deadline = time.monotonic() + RECORDS_BOUND_SECONDS
-        while len(stuck_records(folder)) < world and time.monotonic() < deadline:
-            time.sleep(POLL_SECONDS)  # the other ranks' limits pass meanwhile: each writes its own record
+        RunDir(folder).write_json(STUCK, rank, record)  # whole or not at all, as the kernel reads it
+        with suppress(TimeoutError):  # the other ranks' limits pass meanwhile: each writes its own record
+            wait_until(lambda: len(stuck_records(folder)) >= world, RECORDS_BOUND_SECONDS)
         os._exit(3)
 
     timer = threading.Timer(seconds, give_up)
@@ -164,12 +160,7 @@ def time_limit(seconds: float, folder: str | os.PathLike[str], traffic: Traffic)
 
 def stuck_records(folder: str | os.PathLike[str]) -> dict[int, dict[str, Any]]:
     """{rank: record} of the ranks whose time limit passed (read on the notebook's side)."""
-    records = {}
-    for path in Path(folder).glob("stuck.*"):
-        if path.suffix[1:].isdigit():
-            record = json.loads(path.read_text(encoding="utf-8"))
-            records[record["rank"]] = record
-    return records
+    return RunDir(folder).read_json(STUCK)
 
 
 def launch(exercise_file: str, path: Path, nproc: int, seconds: float, **parameters: Any

@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from fourcard_helpers.exercises import LIMIT_SECONDS
 from fourcard_helpers.language import N_, _, sentences
 
 NAME = "expert-dispatch"
@@ -23,7 +24,6 @@ LESSON = "14"
 TITLE = N_("Expert parallel by hand: the counts, the tokens and the way back, by all-to-alls")
 DEFINES = ("expert_dispatch",)
 WIDTH, EXPERTS, TOKENS = 16, 8, 64   # the layer's width and experts, and each rank's tokens
-LIMIT_SECONDS = 10.0                 # the learner's collectives' time limit (a working layer takes milliseconds)
 TOLERANCE = 1e-12                    # float64: a correct layer differs from one card by rounding only
 
 

@@ -20,6 +20,7 @@ from ..check import CheckFailed
 from ..diagnose import LaunchError
 from ..language import _
 from ..launch import torchrun
+from ..rundir import TRACE, RunDir
 
 COLLECTIVE_TIMEOUT = 20.0  # seconds a rank waits in a collective for a partner that never comes
 LAUNCH_TIMEOUT = 180.0  # seconds before every rank is stopped, whatever they do
@@ -89,12 +90,9 @@ def launch(exercise_file: str, path: Path, nproc: int, explain: Explain | None =
 
 def traces(folder: Path, nproc: int) -> dict[int, list[dict[str, Any]]]:
     """Each rank's events, as far as it got."""
-    found = {}
-    for rank in range(nproc):
-        file = folder / f"rank{rank}.jsonl"
-        lines = file.read_text(encoding="utf-8").splitlines() if file.exists() else []
-        found[rank] = [json.loads(line) for line in lines if line.endswith("}")]
-    return found
+    written = RunDir(folder).read_text(TRACE)
+    return {rank: [json.loads(line) for line in written.get(rank, "").splitlines() if line.endswith("}")]
+            for rank in range(nproc)}
 
 
 def launches(trace: list[dict[str, Any]], phase: str | None = None) -> list[dict[str, Any]]:

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from fourcard_helpers.exercises import LIMIT_SECONDS
 from fourcard_helpers.language import N_, _, sentences
 
 NAME = "one-f-one-b"
@@ -25,7 +26,6 @@ LESSON = "07"
 TITLE = N_("The 1F1B pipeline schedule with send/recv")
 DEFINES = ("one_f_one_b",)
 WIDTH, ROWS = 6, 2        # every stage is Linear(WIDTH, WIDTH) + tanh; ROWS rows per micro-batch
-LIMIT_SECONDS = 10.0      # how long a step may wait before the check names the wait (a working one takes milliseconds)
 
 
 def cases(stages: int) -> list[int]:

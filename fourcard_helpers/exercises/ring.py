@@ -17,13 +17,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from fourcard_helpers.exercises import LIMIT_SECONDS
 from fourcard_helpers.language import N_, _, sentences
 
 NAME = "ring-all-reduce"
 LESSON = "06"
 TITLE = N_("A ring all-reduce from send/recv")
 DEFINES = ("ring_all_reduce",)
-LIMIT_SECONDS = 10.0  # how long one call may wait before the check names the wait (a working ring takes milliseconds)
 LONG = 1_000_003      # the long case: a prime, so no number of ranks above 1 divides it
 
 

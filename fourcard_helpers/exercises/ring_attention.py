@@ -20,13 +20,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from fourcard_helpers.exercises import LIMIT_SECONDS
 from fourcard_helpers.language import N_, _, sentences
 
 NAME = "ring-attention"
 LESSON = "14"
 TITLE = N_("Ring attention's forward from send/recv and the online softmax")
 DEFINES = ("ring_attention",)
-LIMIT_SECONDS = 10.0     # how long the call may wait before the check names the wait (a ring takes milliseconds)
 HEADS, BLOCK, HEAD_DIM = 2, 16, 8   # each rank's block of the sequence: (heads, block, d)
 TOLERANCE = 1e-12        # float64: a correct merge differs from one card by rounding only
 
