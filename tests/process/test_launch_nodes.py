@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from fourcard_helpers.launch import LaunchError, leftover_processes, torchrun
+from fourcard_helpers.rundir import OWN_STORE_ENV
 from helpers import assert_nothing_left, script, start_kernel_like_launch
 
 pytestmark = pytest.mark.slow  # every test here starts ranks, a kernel or a browser: left out by `-m "not slow"`
@@ -102,13 +103,13 @@ def test_interrupted_or_killed_kernel_leaves_no_agent_and_no_rank(tmp_path: Path
 
 
 def test_an_elastic_restart_after_a_killed_rank_succeeds(tmp_path: Path) -> None:
-    path = script(tmp_path, """
+    path = script(tmp_path, f"""
         attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
         dist.barrier()
         if rank == 1 and attempt == 0:
             os.kill(os.getpid(), 9)  # SIGKILL on the first attempt only
         dist.barrier()
-        report(attempt=attempt, own_store=os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE"))
+        report(attempt=attempt, own_store=os.environ.get("{OWN_STORE_ENV}"))
         dist.destroy_process_group()
     """)
     result = torchrun(path, nproc=2, max_restarts=1, timeout=300, echo=False)

@@ -13,8 +13,10 @@ import torch
 from fourcard_helpers import rundir
 from fourcard_helpers.rundir import CELL, ERROR, PREFIX, RANK_ENV, REPORT, RUN_DIR_ENV, ReportReader, RunDir
 from fourcard_helpers.reporting import report
+from helpers import SCRIPT_VARIABLES
 
 PACKAGE = Path(rundir.__file__).resolve().parent
+REPOSITORY = PACKAGE.parent
 
 
 def test_records_are_named_by_kind_and_rank(tmp_path: Path) -> None:
@@ -127,7 +129,30 @@ def test_every_variable_of_the_course_is_named_in_rundir_alone_under_one_prefix(
     assert spelled == [], "import the name from fourcard_helpers.rundir:\n" + "\n".join(spelled)
 
 
+def _tests_and_benchmarks() -> list[Path]:
+    """The Python files of tests/ and benchmarks/, this guard's own file left out (it spells what it looks for)."""
+    return [path for folder in (REPOSITORY / "tests", REPOSITORY / "benchmarks") for path in sorted(folder.rglob("*.py"))
+            if path.resolve() != Path(__file__).resolve()]
+
+
+def test_tests_and_benchmarks_import_the_course_variables_names() -> None:
+    """Where a test or a benchmark means a variable of the course, or one it sets for torch or Python, it takes the
+    name from rundir (a string that is the name alone). A sentence a learner reads that names a variable is the
+    message's text, and torchrun's own variables are what a rank script reads (helpers.SCRIPT_VARIABLES)."""
+    every_name = {value for name, value in vars(rundir).items() if name.endswith("_ENV")} | set(rundir.RENAMED.values())
+    spelled = [f"{path.relative_to(REPOSITORY)}:{line}: {text!r}" for path in _tests_and_benchmarks()
+               for line, text in _code_strings(path)
+               if (text in every_name or re.fullmatch(r"FOURCARDS?_[A-Z_]+", text)) and text not in SCRIPT_VARIABLES]
+    assert spelled == [], "import the name from fourcard_helpers.rundir:\n" + "\n".join(spelled)
+    # and the guard sees what it is for: a bare name in a test's string
+    assert "FOURCARDS_LANG" in every_name and re.fullmatch(r"FOURCARDS?_[A-Z_]+", "FOURCARD_DEVICE")
+
+
 def test_the_process_table_is_read_in_lifecycle_alone() -> None:
-    readers = [f"{path.relative_to(PACKAGE)}:{line}: {text!r}" for path in sorted(PACKAGE.rglob("*.py"))
-               if path.name != "lifecycle.py" for line, text in _code_strings(path) if "/proc" in text]
+    """The package, its tests and benchmarks read /proc through lifecycle alone. (The lessons that teach what
+    /proc shows read it in their own cells and scripts, as lifecycle's docstring says.)"""
+    files = [path for path in sorted(PACKAGE.rglob("*.py")) if path.name != "lifecycle.py"] + _tests_and_benchmarks()
+    readers = [f"{path.relative_to(REPOSITORY)}:{line}: {text!r}" for path in files
+               for line, text in _code_strings(path) if re.search(r"/proc\b", text)]
     assert readers == [], "ask fourcard_helpers.lifecycle:\n" + "\n".join(readers)
+    assert re.search(r"/proc\b", "/proc/1/environ") and not re.search(r"/proc\b", "tests/process")

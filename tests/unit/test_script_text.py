@@ -1,11 +1,13 @@
 """What every shipped script's text must hold, read without running it (tests/lessons/test_scripts.py launches
 with plain torchrun those for which a plain launch shows more than the notebook's): FSDP2's mesh named, the
-exit-race cure of lesson 00 by its name, one statement and one import a line, no variable read but torchrun's
+set-up and the exit-race cure of lesson 00, one statement and one import a line, no variable read but torchrun's
 and the devices'."""
 from __future__ import annotations
 
 import ast
+import re
 
+from fourcard_helpers.rundir import RUN_DIR_ENV
 from helpers import NOTEBOOK_DIR, SCRIPT_VARIABLES, shipped_launches
 
 
@@ -62,6 +64,52 @@ def test_every_script_that_joins_a_group_leaves_it_then_skips_pythons_teardown()
     assert offenders == [], f"scripts that do not end with destroy_process_group() and then exit_without_teardown(): {offenders}"
 
 
+# Lesson 00's set-up, line for line from the choice of cards to the device (a comment after a line, or a line of
+# comment between, is the script's own; the group may be given a timeout; from lesson 12 on, where a job may span
+# machines, the cards counted are the node's own, LOCAL_WORLD_SIZE, the same number on one machine), and the
+# scripts that join a group another way on purpose.
+SET_UP = (r'cards = detect\(int\(os\.environ\["(LOCAL_)?WORLD_SIZE"\]\)\)',
+          r'dist\.init_process_group\(cards\.backend(, timeout=[\w.]+\(\w+=\d+\))?\)',
+          r'rank, world = dist\.get_rank\(\), dist\.get_world_size\(\)',
+          r'device = cards\.device\(int\(os\.environ\["LOCAL_RANK"\]\)\)',
+          r'if cards\.kind == "cuda":',
+          r'    torch\.cuda\.set_device\(device\)')
+ANOTHER_SET_UP = {
+    "00_how_a_rank_ends.py": "gloo on every machine: the threads gloo starts are what the script shows",
+    "12_ddp_any_layout.py": "several nodes: a node's own cards, counted from LOCAL_WORLD_SIZE",
+    "train_any.py": "the template also runs as plain `python`, as a group of one",
+}
+
+
+def set_up_as_lesson_00(text: str) -> bool:
+    """Whether `text` joins its group with lesson 00's set-up, SET_UP."""
+    code = [line.split("  #")[0].rstrip() for line in text.splitlines()
+            if line.strip() and not line.lstrip().startswith("#")]
+    starts = [index for index, line in enumerate(code) if line.startswith("cards = detect(")]
+    return len(starts) == 1 and len(code) >= starts[0] + len(SET_UP) and all(
+        re.fullmatch(pattern, line) for pattern, line in zip(SET_UP, code[starts[0]:]))
+
+
+def test_every_script_that_joins_a_group_sets_up_as_lesson_00_teaches() -> None:
+    """One set-up, written one way in every script, so that a learner who diffs one script against the next
+    sees only what changed; a script that joins its group another way says why in ANOTHER_SET_UP."""
+    lesson_00 = (NOTEBOOK_DIR / "scripts" / "00_hello_all_reduce.py").read_text(encoding="utf-8")
+    assert set_up_as_lesson_00(lesson_00)
+    rank_and_device = ('rank, world = dist.get_rank(), dist.get_world_size()\n'
+                       'device = cards.device(int(os.environ["LOCAL_RANK"]))\n')
+    for variant in ('rank, device = dist.get_rank(), cards.device(int(os.environ["LOCAL_RANK"]))\n',
+                    'rank = dist.get_rank()\ndevice = cards.device(int(os.environ["LOCAL_RANK"]))\n',
+                    'rank, world = dist.get_rank(), dist.get_world_size()\n'):  # the device left out
+        assert rank_and_device in lesson_00 and not set_up_as_lesson_00(lesson_00.replace(rank_and_device, variant))
+    assert set_up_as_lesson_00(lesson_00.replace("dist.init_process_group(cards.backend)",
+                                                 "dist.init_process_group(cards.backend, timeout=timedelta(seconds=20))"))
+    offenders = [path.name for path in sorted((NOTEBOOK_DIR / "scripts").glob("*.py"))
+                 if "init_process_group(" in (text := path.read_text(encoding="utf-8"))
+                 and path.name not in ANOTHER_SET_UP and not set_up_as_lesson_00(text)]
+    assert offenders == [], f"scripts whose set-up is not lesson 00's (SET_UP): {offenders}"
+    assert all((NOTEBOOK_DIR / "scripts" / name).is_file() for name in ANOTHER_SET_UP)
+
+
 def crowded_lines(text: str) -> list[int]:
     """The lines where a statement shares its line with another: `a; b`, `if x: y`, `import os, sys`
     (one import statement naming two modules). A script reads like a tutorial one step a line."""
@@ -84,9 +132,6 @@ def test_every_script_writes_one_statement_and_one_import_a_line() -> None:
     offenders = {path.name: lines for path in sorted((NOTEBOOK_DIR / "scripts").glob("[0-9][0-9]*.py"))
                  if (lines := crowded_lines(path.read_text(encoding="utf-8")))}
     assert offenders == {}, f"lines with more than one statement or import: {offenders}"
-
-
-
 
 
 def variables_read(text: str) -> set[str]:
@@ -133,7 +178,7 @@ def test_scripts_read_no_variable_but_torchruns_and_the_devices() -> None:
     through a variable the script reads itself; tests/lessons/test_scripts.py launches plain every script for
     which one of those differences could show (helpers.plain_launch_reasons)."""
     assert variables_read('import os\nr = int(os.environ["RANK"])\nn = os.environ.get("WORLD_SIZE", "1")\n') == {"RANK", "WORLD_SIZE"}
-    assert variables_read('import os\nos.getenv("FOURCARDS_RUN_DIR")\n') == {"FOURCARDS_RUN_DIR"}
+    assert variables_read(f'import os\nos.getenv("{RUN_DIR_ENV}")\n') == {RUN_DIR_ENV}
     assert variables_read('import os\nnames = ["RANK", "A"]\n{n: os.environ[n] for n in names[:1]}\n') == {"RANK", "A"}
     assert variables_read('import os\n[os.environ[n] for n in ["A"]]\n[os.environ[n] for n in ["B"]]\n') == {"A", "B"}
     for anything in ("import os\nenv = dict(os.environ)\n", "import os\nname = 'RANK'\nos.environ[name]\n",
