@@ -402,15 +402,17 @@ def _signal(target: Target, signum: int) -> None:
         quiet_kill(target, signum)
 
 
-def stop(targets: Iterable[Target], stragglers: Callable[[], list[int]] = list, grace: float = GRACE_SECONDS) -> None:
-    """The one stop sequence: SIGTERM to each target (a Popen: its whole group; a pid: that process);
-    after `grace` seconds SIGKILL to a target still running; then SIGKILL to every pid `stragglers()`
-    lists (processes in sessions of their own, such as ranks), again at each new listing, until it
-    lists none or another `grace` seconds have passed."""
+def stop(targets: Iterable[Target], stragglers: Callable[[], list[int]] = list, grace: float = GRACE_SECONDS,
+         ask: int = signal.SIGTERM) -> None:
+    """The one stop sequence: `ask` (SIGTERM; SIGINT for a program that tidies up on Ctrl-C, as pytest shuts
+    its Jupyter kernel down) to each target (a Popen: its whole group; a pid: that process); after `grace`
+    seconds SIGKILL to a target still running; then SIGKILL to every pid `stragglers()` lists (processes in
+    sessions of their own, such as ranks), again at each new listing, until it lists none or another
+    `grace` seconds have passed."""
     targets = list(targets)
     running = [target for target in targets if _running(target)]
     for target in running:
-        _signal(target, signal.SIGTERM)
+        _signal(target, ask)
     deadline = time.monotonic() + grace
     for target in running:
         if isinstance(target, subprocess.Popen):

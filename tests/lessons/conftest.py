@@ -36,6 +36,7 @@ from typing import Any
 
 import pytest
 
+from fourcard_helpers.lifecycle import GRACE_SECONDS, stop
 from fourcard_helpers.rundir import RENAMED, RUN_DIR_ENV
 from helpers import (ACCOUNT, ANOTHER_ROUNDING, AS_NOBODY, BACKGROUND_THREADS, HOME, LEARNERS_HOME, LOCALE, LOCALE_NAME,
                      ONE_CORE, PLAIN_LAUNCHES, ROOT, SHARED_RUNS, TORCHRUN_CLOSE_SECONDS, launch_shipped_script, learners_machine, venv_for_nobody)
@@ -90,9 +91,9 @@ def run_in_a_copy(notebook: Path, rounding: Mapping[str, str], machine: tuple[st
                     python, *args[1:]]
         if ONE_CORE in machine:  # four ranks and the kernel on one core, as on a one-core virtual machine
             args = ["taskset", "-c", "0", *args]
-        with subprocess.Popen(args, cwd=course, env=env,
+        with subprocess.Popen(args, cwd=course, env=env,  # a group of its own, for lifecycle.stop
                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True) as proc:
+                              text=True, start_new_session=True) as proc:
             _running.add(proc)
             try:
                 out, _ = proc.communicate()
@@ -150,24 +151,15 @@ class BackgroundRuns:
         self.stopping.set()
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.side_by_side.shutdown(wait=False, cancel_futures=True)
-        for proc in list(_running):
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        agents = list(PLAIN_LAUNCHES)
-        for agent in agents:  # torchrun passes SIGTERM on to its ranks; the launch then ends as on a timeout
-            agent.terminate()
-        for agent in agents:
-            try:
-                agent.wait(timeout=TORCHRUN_CLOSE_SECONDS)
-            except subprocess.TimeoutExpired:
-                pass  # its launch's own stop, in the background thread, kills it and its ranks
+        stop(list(_running), grace=KERNEL_SHUTDOWN_SECONDS, ask=signal.SIGINT)  # pytest's Ctrl-C: its kernel goes too
+        # torchrun passes SIGTERM on to its ranks; the launch then ends as on a timeout, and its own stop, in the
+        # background thread, kills what is left of its ranks
+        stop(list(PLAIN_LAUNCHES), grace=TORCHRUN_CLOSE_SECONDS + GRACE_SECONDS)
         shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 _running: set[subprocess.Popen[str]] = set()
+KERNEL_SHUTDOWN_SECONDS = 60  # how long a lesson's pytest gets, after Ctrl-C, to shut its kernel and launches down
 RUNS_OWNER: dict[Path, int] = {}  # who owns the `runs` folder each lesson wrote: who ran it
 SAVED: dict[Path, list[tuple[int, str]]] = {}  # the owner and path of each script a lesson in a home of its own saved
 RUNS = pytest.StashKey[BackgroundRuns]()
