@@ -10,9 +10,10 @@ from fourcard_helpers.loaders import SyntheticCostDataset
 
 cards = detect(int(os.environ["WORLD_SIZE"]))
 dist.init_process_group(cards.backend)
-rank = dist.get_rank()
+rank, world = dist.get_rank(), dist.get_world_size()
+device = cards.device(int(os.environ["LOCAL_RANK"]))
 if cards.kind == "cuda":
-    torch.cuda.set_device(cards.device(int(os.environ["LOCAL_RANK"])))
+    torch.cuda.set_device(device)
 
 
 def children(pid):

@@ -1,6 +1,7 @@
 """What DistributedSampler gives each of four ranks: 22 samples, three epochs, with and without set_epoch."""
 import os
 
+import torch
 import torch.distributed as dist
 from torch.utils.data import DistributedSampler
 
@@ -9,6 +10,9 @@ from fourcard_helpers import detect, report, exit_without_teardown
 cards = detect(int(os.environ["WORLD_SIZE"]))
 dist.init_process_group(cards.backend)
 rank, world = dist.get_rank(), dist.get_world_size()
+device = cards.device(int(os.environ["LOCAL_RANK"]))
+if cards.kind == "cuda":
+    torch.cuda.set_device(device)
 
 toy = range(22)  # not divisible by 4 cards
 shards = {}

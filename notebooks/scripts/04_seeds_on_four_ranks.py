@@ -13,8 +13,8 @@ from fourcard_helpers.models import MnistCNN
 
 cards = detect(int(os.environ["WORLD_SIZE"]))
 dist.init_process_group(cards.backend)
-rank, local_rank = dist.get_rank(), int(os.environ["LOCAL_RANK"])
-device = cards.device(local_rank)
+rank, world = dist.get_rank(), dist.get_world_size()
+device = cards.device(int(os.environ["LOCAL_RANK"]))
 if cards.kind == "cuda":
     torch.cuda.set_device(device)
 
@@ -25,7 +25,7 @@ for seeding in ("same seed on every rank", "seed + rank"):
     model = MnistCNN().to(device)
     before = model.fc2.bias.detach().clone()  # initial weights, drawn before wrapping
     projection = torch.randn(4)  # random, but neither a parameter nor a buffer
-    model = DDP(model, device_ids=[local_rank] if cards.kind == "cuda" else None)  # broadcasts rank 0's weights
+    model = DDP(model, device_ids=[device] if cards.kind == "cuda" else None)  # broadcasts rank 0's weights
     drawn[seeding] = {"weights before DDP()": before, "weights after DDP()": model.module.fc2.bias,
                       "other random tensor": projection,
                       "torch.randperm shuffle": torch.randperm(10),  # e.g. a hand-made split of the data

@@ -22,7 +22,8 @@ args = parser.parse_args()
 # 1. The process group: torchrun set RANK, WORLD_SIZE, LOCAL_RANK and the rendezvous address for each process.
 cards = detect(int(os.environ["WORLD_SIZE"]))
 dist.init_process_group(cards.backend)
-rank, device = dist.get_rank(), cards.device(int(os.environ["LOCAL_RANK"]))
+rank, world = dist.get_rank(), dist.get_world_size()
+device = cards.device(int(os.environ["LOCAL_RANK"]))
 if cards.kind == "cuda":
     torch.cuda.set_device(device)  # otherwise every rank's NCCL work lands on cuda:0
     torch.backends.cudnn.allow_tf32 = False  # full float32, so that the notebook can compare with one CPU
@@ -56,6 +57,6 @@ if rank == 0:
 dist.barrier()
 weights = torch.cat([p.detach().flatten() for p in model.module.parameters()]).cpu().numpy().tobytes()
 report(losses=losses, weights_sha256=hashlib.sha256(weights).hexdigest(), ddp_key=next(iter(model.state_dict())),
-       epoch_seconds=epoch_seconds, steps=len(loader) * 2, samples=len(sampler) * dist.get_world_size())
+       epoch_seconds=epoch_seconds, steps=len(loader) * 2, samples=len(sampler) * world)
 dist.destroy_process_group()
 exit_without_teardown()  # gloo can abort a finished rank in Python's teardown (lesson 00)

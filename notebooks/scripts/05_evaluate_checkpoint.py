@@ -15,7 +15,8 @@ parser.add_argument("--checkpoint", default=os.path.join(tempfile.gettempdir(), 
 args = parser.parse_args()
 cards = detect(int(os.environ["WORLD_SIZE"]))
 dist.init_process_group(cards.backend)
-rank, world, device = dist.get_rank(), dist.get_world_size(), cards.device(int(os.environ["LOCAL_RANK"]))
+rank, world = dist.get_rank(), dist.get_world_size()
+device = cards.device(int(os.environ["LOCAL_RANK"]))
 if cards.kind == "cuda":
     torch.cuda.set_device(device)
 

@@ -12,7 +12,8 @@ from fourcard_helpers.models import MnistCNN
 
 cards = detect(int(os.environ["WORLD_SIZE"]))
 dist.init_process_group(cards.backend)
-rank, device = dist.get_rank(), cards.device(int(os.environ["LOCAL_RANK"]))
+rank, world = dist.get_rank(), dist.get_world_size()
+device = cards.device(int(os.environ["LOCAL_RANK"]))
 if cards.kind == "cuda":
     torch.cuda.set_device(device)
 images, labels = (t[:256].to(device) for t in load_mnist("train").tensors)

@@ -12,12 +12,12 @@ from fourcard_helpers import MnistCNN, detect, load_mnist, report, exit_without_
 
 cards = detect(int(os.environ["WORLD_SIZE"]))
 dist.init_process_group(cards.backend)
-rank = dist.get_rank()
+rank, world = dist.get_rank(), dist.get_world_size()
 device = cards.device(int(os.environ["LOCAL_RANK"]))
 if cards.kind == "cuda":
     torch.cuda.set_device(device)
 torch.manual_seed(0)
-model = DDP(MnistCNN().to(device), device_ids=[device.index] if cards.kind == "cuda" else None)
+model = DDP(MnistCNN().to(device), device_ids=[device] if cards.kind == "cuda" else None)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 train_set = torch.utils.data.Subset(load_mnist("train"), range(640))  # a small slice: the point is the order
 sampler = DistributedSampler(train_set, shuffle=True)

@@ -14,7 +14,8 @@ cards = detect(int(os.environ["WORLD_SIZE"]))
 # A process-group timeout of 2 minutes instead of the default (30 min on gloo, 10 on NCCL): a backstop that
 # ends every rank's wait even if nothing else does. Here the monitored barrier below ends the run first.
 dist.init_process_group(cards.backend, timeout=datetime.timedelta(minutes=2))
-rank, device = dist.get_rank(), cards.device(int(os.environ["LOCAL_RANK"]))
+rank, world = dist.get_rank(), dist.get_world_size()
+device = cards.device(int(os.environ["LOCAL_RANK"]))
 if cards.kind == "cuda":
     torch.cuda.set_device(device)
 watch = dist.new_group(backend="gloo")  # a gloo side group for monitored_barrier (which works beside NCCL too)

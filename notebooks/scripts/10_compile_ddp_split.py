@@ -15,8 +15,8 @@ args = parser.parse_args()
 
 cards = detect(int(os.environ["WORLD_SIZE"]))
 dist.init_process_group(cards.backend)
-local_rank = int(os.environ["LOCAL_RANK"])
-device = cards.device(local_rank)
+rank, world = dist.get_rank(), dist.get_world_size()
+device = cards.device(int(os.environ["LOCAL_RANK"]))
 if cards.kind == "cuda":
     torch.cuda.set_device(device)
 graphs = []
@@ -36,7 +36,7 @@ for cap in args.bucket_caps.split(","):
     graphs.clear()
     # Compile the module, then wrap it: it runs inside DDP's forward, where Dynamo sees DDP's buckets.
     model = DDP(torch.compile(net, backend=counting_backend), bucket_cap_mb=None if cap == "default" else float(cap),
-                device_ids=[local_rank] if cards.kind == "cuda" else None)
+                device_ids=[device] if cards.kind == "cuda" else None)
     x = torch.randn(16, 512, device=device)
     model(x).sum().backward()  # step 1 compiles; DDP uses one bucket, then builds its real buckets
     with torch.profiler.profile() as prof:  # step 2: count DDP's all-reduces

@@ -13,8 +13,8 @@ from fourcard_helpers.models import MnistCNNWithBatchNorm
 ROUNDS, STEPS = 2, 5  # timing: each round times every setting for STEPS steps
 cards = detect(int(os.environ["WORLD_SIZE"]))
 dist.init_process_group(cards.backend)
-rank, local_rank = dist.get_rank(), int(os.environ["LOCAL_RANK"])
-device = cards.device(local_rank)
+rank, world = dist.get_rank(), dist.get_world_size()
+device = cards.device(int(os.environ["LOCAL_RANK"]))
 if cards.kind == "cuda":
     torch.cuda.set_device(device)
 images, labels = (t.to(device) for t in load_mnist("train")[rank * 16:(rank + 1) * 16])
@@ -30,7 +30,7 @@ SETTINGS = {  # each differs from DDP's defaults in one knob
 models, optimizers = {}, {}
 for name, knobs in SETTINGS.items():
     torch.manual_seed(0)
-    models[name] = DDP(MnistCNNWithBatchNorm().to(device), device_ids=[local_rank] if cards.kind == "cuda" else None, **knobs)
+    models[name] = DDP(MnistCNNWithBatchNorm().to(device), device_ids=[device] if cards.kind == "cuda" else None, **knobs)
     optimizers[name] = torch.optim.SGD(models[name].parameters(), lr=0.05)
 
 

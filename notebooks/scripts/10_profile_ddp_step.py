@@ -21,12 +21,12 @@ args = parser.parse_args()
 
 cards = detect(int(os.environ["WORLD_SIZE"]))
 dist.init_process_group(cards.backend)
-rank, local_rank = dist.get_rank(), int(os.environ["LOCAL_RANK"])
-device = cards.device(local_rank)
+rank, world = dist.get_rank(), dist.get_world_size()
+device = cards.device(int(os.environ["LOCAL_RANK"]))
 if cards.kind == "cuda":
     torch.cuda.set_device(device)
 torch.manual_seed(0)
-model = DDP(MnistCNN().to(device), device_ids=[local_rank] if cards.kind == "cuda" else None,
+model = DDP(MnistCNN().to(device), device_ids=[device] if cards.kind == "cuda" else None,
             bucket_cap_mb=args.bucket_cap_mb)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 images, labels = load_mnist("train")[rank * 16:(rank + 1) * 16]  # this rank's batch of 16

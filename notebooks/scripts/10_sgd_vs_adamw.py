@@ -23,8 +23,8 @@ parser.add_argument("--checkpoint", default=str(Path(tempfile.gettempdir()) / "f
 args = parser.parse_args()
 cards = detect(int(os.environ["WORLD_SIZE"]))
 dist.init_process_group(cards.backend)
-rank, world, local_rank = dist.get_rank(), dist.get_world_size(), int(os.environ["LOCAL_RANK"])
-device = cards.device(local_rank)
+rank, world = dist.get_rank(), dist.get_world_size()
+device = cards.device(int(os.environ["LOCAL_RANK"]))
 if cards.kind == "cuda":
     torch.cuda.set_device(device)
 train_set, (test_images, test_labels) = load_mnist("train"), (t.to(device) for t in load_mnist("test")[:])
@@ -32,7 +32,7 @@ train_set, (test_images, test_labels) = load_mnist("train"), (t.to(device) for t
 
 def train(kind: str, lr: float, batch: int, warmup: int) -> tuple[DDP, list[float], float]:
     torch.manual_seed(args.seed)  # the same first weights for every run
-    model = DDP(MnistCNN().to(device), device_ids=[local_rank] if cards.kind == "cuda" else None)
+    model = DDP(MnistCNN().to(device), device_ids=[device] if cards.kind == "cuda" else None)
     optimizer = (torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9) if kind == "sgd"
                  else torch.optim.AdamW(model.parameters(), lr=lr))
     ramp = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / (warmup + 1)))  # linear warm-up

@@ -36,7 +36,7 @@ for dtype, strategy in itertools.product(args.dtypes.split(","), ("single card",
         torch.manual_seed(0)                            # the same initial weights everywhere
         model = MnistCNN().to(device, getattr(torch, dtype))
         if strategy.startswith("DDP"):
-            model = DDP(model, device_ids=[device.index] if cards.kind == "cuda" else None)
+            model = DDP(model, device_ids=[device] if cards.kind == "cuda" else None)
         elif strategy == "FSDP2":
             for layer in model.children():              # each layer a unit: gathered, used, freed
                 fully_shard(layer, mesh=mesh)

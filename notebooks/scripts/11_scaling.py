@@ -44,7 +44,7 @@ for n in (1, 2, 4):
     for kind, per_card in (("strong", 64 // n), ("weak", 16)):
         if rank < n:
             torch.manual_seed(0)
-            model = DDP(MnistCNN().to(device), device_ids=[device.index] if cards.kind == "cuda" else None,
+            model = DDP(MnistCNN().to(device), device_ids=[device] if cards.kind == "cuda" else None,
                         process_group=group)
             optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
 

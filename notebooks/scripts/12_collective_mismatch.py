@@ -11,7 +11,7 @@ from fourcard_helpers import detect, exit_without_teardown
 dist.set_debug_level(dist.DebugLevel.DETAIL)
 cards = detect(int(os.environ["LOCAL_WORLD_SIZE"]))
 dist.init_process_group(cards.backend, timeout=timedelta(seconds=20))
-rank = dist.get_rank()
+rank, world = dist.get_rank(), dist.get_world_size()
 device = cards.device(int(os.environ["LOCAL_RANK"]))
 if cards.kind == "cuda":
     torch.cuda.set_device(device)

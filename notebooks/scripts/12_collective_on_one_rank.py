@@ -9,7 +9,8 @@ from fourcard_helpers import detect, exit_without_teardown
 
 cards = detect(int(os.environ["LOCAL_WORLD_SIZE"]))
 dist.init_process_group(cards.backend)  # default timeout: on a busy machine start-up alone can take a while
-rank, device = dist.get_rank(), cards.device(int(os.environ["LOCAL_RANK"]))
+rank, world = dist.get_rank(), dist.get_world_size()
+device = cards.device(int(os.environ["LOCAL_RANK"]))
 if cards.kind == "cuda":
     torch.cuda.set_device(device)
 # All ranks again, in a group whose collectives time out after 5 s instead of the default (30 min on gloo, 10 on

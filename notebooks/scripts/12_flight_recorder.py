@@ -10,7 +10,10 @@ from fourcard_helpers import detect, report, exit_without_teardown
 
 cards = detect(int(os.environ["LOCAL_WORLD_SIZE"]))
 dist.init_process_group(cards.backend)
-rank = dist.get_rank()
+rank, world = dist.get_rank(), dist.get_world_size()
+device = cards.device(int(os.environ["LOCAL_RANK"]))
+if cards.kind == "cuda":
+    torch.cuda.set_device(device)
 # gloo on every machine (on NCCL a failed collective ends the process); 20 s: a backstop, not the point
 steps_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=20))
 batches = 3 if rank == 3 else 4  # an uneven split of the data: rank 3 has one batch fewer

@@ -20,6 +20,7 @@ parser.add_argument("--checkpoint-dir", default=os.path.join(tempfile.gettempdir
 args = parser.parse_args()
 cards = detect(int(os.environ["LOCAL_WORLD_SIZE"]))
 dist.init_process_group(cards.backend)
+rank, world = dist.get_rank(), dist.get_world_size()
 device = cards.device(int(os.environ["LOCAL_RANK"]))
 if cards.kind == "cuda":
     torch.cuda.set_device(device)
@@ -33,7 +34,7 @@ def weights_sha256(model):
 torch.manual_seed(1)  # other initial weights than the run that saved: only the load can make them equal
 model = MnistCNN().to(device)
 # The mesh is named: FSDP2's default is CUDA in any CUDA build of torch, even for simulated cards.
-mesh = init_device_mesh(cards.kind, (dist.get_world_size(),))
+mesh = init_device_mesh(cards.kind, (world,))
 for layer in model.children():
     fully_shard(layer, mesh=mesh)  # now split over two ranks, not four
 fully_shard(model, mesh=mesh)

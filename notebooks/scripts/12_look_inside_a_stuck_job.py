@@ -12,6 +12,7 @@ import os
 import signal
 import time
 
+import torch
 import torch.distributed as dist
 
 from fourcard_helpers import detect, report, exit_without_teardown
@@ -36,7 +37,10 @@ def let_go(signum, frame):
 signal.signal(signal.SIGUSR2, let_go)
 cards = detect(int(os.environ["LOCAL_WORLD_SIZE"]))
 dist.init_process_group(cards.backend)
-rank = dist.get_rank()
+rank, world = dist.get_rank(), dist.get_world_size()
+device = cards.device(int(os.environ["LOCAL_RANK"]))
+if cards.kind == "cuda":
+    torch.cuda.set_device(device)
 if rank == 3:
     try:
         time.sleep(args.stuck_for)  # rank 3 is stuck here: a dead disk, a deadlock, ...

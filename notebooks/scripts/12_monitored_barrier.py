@@ -3,6 +3,7 @@ import os
 import time
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 
 from fourcard_helpers import detect, exit_without_teardown
@@ -10,7 +11,10 @@ from fourcard_helpers import detect, exit_without_teardown
 cards = detect(int(os.environ["LOCAL_WORLD_SIZE"]))
 # A backstop: forming the group and every collective of it give up after 20 s (defaults: gloo 30 min, NCCL 10 min).
 dist.init_process_group(cards.backend, timeout=timedelta(seconds=20))
-rank = dist.get_rank()
+rank, world = dist.get_rank(), dist.get_world_size()
+device = cards.device(int(os.environ["LOCAL_RANK"]))
+if cards.kind == "cuda":
+    torch.cuda.set_device(device)
 gloo_group = dist.new_group(backend="gloo")  # monitored_barrier exists in gloo only; on GPUs too, a gloo group
 print(f"rank {rank}: reached the barrier" if rank != 3 else "rank 3: stuck (a dead disk, a deadlock, ...)", flush=True)
 if rank == 3:

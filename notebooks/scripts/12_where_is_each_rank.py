@@ -4,13 +4,17 @@ import os
 import sys
 import time
 
+import torch
 import torch.distributed as dist
 
 from fourcard_helpers import detect, exit_without_teardown
 
 cards = detect(int(os.environ["LOCAL_WORLD_SIZE"]))
 dist.init_process_group(cards.backend)
-rank = dist.get_rank()
+rank, world = dist.get_rank(), dist.get_world_size()
+device = cards.device(int(os.environ["LOCAL_RANK"]))
+if cards.kind == "cuda":
+    torch.cuda.set_device(device)
 dist.barrier()  # all four have started: the watchdogs count from here
 faulthandler.dump_traceback_later(4)  # still running in 4 s? Then write every thread's stack to stderr
 if rank == 3:

@@ -15,6 +15,7 @@ from fourcard_helpers.gpt import GPT, GPTConfig, poem_tokens
 FOLDER = os.path.join(tempfile.gettempdir(), "fourcards_13_2d")   # where the 2 × 2 mesh saved its model
 cards = detect(int(os.environ["WORLD_SIZE"]))
 dist.init_process_group(cards.backend)
+rank, world = dist.get_rank(), dist.get_world_size()
 device = cards.device(int(os.environ["LOCAL_RANK"]))
 if cards.kind == "cuda":
     torch.cuda.set_device(device)
@@ -28,7 +29,7 @@ state = get_model_state_dict(model)                            # the shards THIS
 dcp.load(state, checkpoint_id=FOLDER)                          # each rank reads the pieces that overlap its quarter
 set_model_state_dict(model, state)
 weights = torch.cat([p.full_tensor().detach().cpu().flatten() for p in model.parameters()])   # whole, for one card's view
-report(weights=weights if dist.get_rank() == 0 else None,
+report(weights=weights if rank == 0 else None,
        rows={name: list(p.to_local().shape) for name, p in model.named_parameters()})
 dist.destroy_process_group()
 exit_without_teardown()  # gloo can abort a finished rank in Python's teardown (lesson 00)

@@ -25,7 +25,8 @@ parser.add_argument("--batch", type=int, default=4, help="windows per step, all 
 args = parser.parse_args()
 cards = detect(int(os.environ["WORLD_SIZE"]))
 dist.init_process_group(cards.backend)
-rank, device = dist.get_rank(), cards.device(int(os.environ["LOCAL_RANK"]))
+rank, world = dist.get_rank(), dist.get_world_size()
+device = cards.device(int(os.environ["LOCAL_RANK"]))
 if cards.kind == "cuda":
     torch.cuda.set_device(device)
 tokens, chars = poem_tokens()

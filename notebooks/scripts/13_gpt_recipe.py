@@ -24,7 +24,8 @@ parser.add_argument("--save", help="a folder: rank 0 writes the trained model th
 args = parser.parse_args()
 cards = detect(int(os.environ["WORLD_SIZE"]))
 dist.init_process_group(cards.backend)
-rank, world, device = dist.get_rank(), dist.get_world_size(), cards.device(int(os.environ["LOCAL_RANK"]))
+rank, world = dist.get_rank(), dist.get_world_size()
+device = cards.device(int(os.environ["LOCAL_RANK"]))
 if cards.kind == "cuda":
     torch.cuda.set_device(device)
 tokens, chars = poem_tokens()

@@ -39,6 +39,7 @@ STEPS, BATCH, FOLDER = 4, 32, os.path.join(tempfile.gettempdir(), "fourcards_13_
 # checkpoint, which is replaced; PyTorch logs that gathering the tied table whole takes one all-gather per mesh dimension
 cards = detect(int(os.environ["WORLD_SIZE"]))
 dist.init_process_group(cards.backend)
+rank, world = dist.get_rank(), dist.get_world_size()
 device = cards.device(int(os.environ["LOCAL_RANK"]))
 if cards.kind == "cuda":
     torch.cuda.set_device(device)
@@ -77,7 +78,7 @@ with CommDebugMode() as whole_debug, Collectives() as whole_counted:   # one ste
     F.cross_entropy(model(x)[0].full_tensor().flatten(0, 1), y.flatten()).backward()
 dcp.save(get_model_state_dict(model), checkpoint_id=FOLDER)   # the float32 model: each rank writes its own pieces
 counts = lambda mode: {op.__name__: n for op, n in mode.get_comm_counts().items()}
-report(results=results if dist.get_rank() == 0 else None, losses=losses, collectives=counted.seen, debug=counts(debug),
+report(results=results if rank == 0 else None, losses=losses, collectives=counted.seen, debug=counts(debug),
        whole=whole_counted.seen, whole_debug=counts(whole_debug), local_parameters=sum(p.to_local().numel() for p in model.parameters()))
 dist.destroy_process_group()
 exit_without_teardown()  # gloo can abort a finished rank in Python's teardown (lesson 00)

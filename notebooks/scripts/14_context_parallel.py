@@ -17,10 +17,11 @@ from fourcard_helpers import detect, report, exit_without_teardown
 T, HEADS, HEAD_DIM = 1024, 4, 64
 cards = detect(int(os.environ["WORLD_SIZE"]))
 dist.init_process_group(cards.backend)
+rank, world = dist.get_rank(), dist.get_world_size()
 device = cards.device(int(os.environ["LOCAL_RANK"]))
 if cards.kind == "cuda":
     torch.cuda.set_device(device)
-mesh = init_device_mesh(cards.kind, (dist.get_world_size(),))
+mesh = init_device_mesh(cards.kind, (world,))
 torch.manual_seed(0)  # the same sequence on every rank; context_parallel gives each its part
 q, k, v, grad_out = (torch.randn(1, HEADS, T, HEAD_DIM).to(device) for _ in range(4))
 

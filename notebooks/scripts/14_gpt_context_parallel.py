@@ -22,6 +22,7 @@ class Meter(LiveTensorBytes):  # the package's count of the bytes of tensors ali
 T = 512
 cards = detect(int(os.environ["WORLD_SIZE"]))
 dist.init_process_group(cards.backend)
+rank, world = dist.get_rank(), dist.get_world_size()
 device = cards.device(int(os.environ["LOCAL_RANK"]))
 if cards.kind == "cuda":
     torch.cuda.set_device(device)
@@ -31,7 +32,7 @@ one_card = GPT(GPTConfig(vocab_size=len(chars), block_size=T)).to(device, torch.
 copies = [copy.deepcopy(one_card) for _ in range(3)]  # one for each run, made before any gradient
 x, y = (t.to(device) for t in get_batch(stream, 1, T, torch.Generator().manual_seed(0)))   # one sequence of T
 (one_card_loss := one_card(x, y)[1]).backward()      # the yardstick: one card, the whole sequence
-mine = torch.cat(chunk_positions(dist.get_rank(), dist.get_world_size(), T, balanced=True)).to(device)   # front, back
+mine = torch.cat(chunk_positions(rank, world, T, balanced=True)).to(device)   # front, back
 
 def context_parallel_loss(model, attention, meter, at):   # lesson 13's GPT.forward, on my positions only
     h = model.tok_embeddings(x[:, mine]) + model.pos_embeddings(at)   # at = mine: each token at its place

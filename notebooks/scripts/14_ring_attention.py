@@ -11,7 +11,7 @@ from fourcard_helpers.ring import attend, chunk_positions, merge
 T, HEADS, HEAD_DIM = 256, 4, 16
 cards = detect(int(os.environ["WORLD_SIZE"]))
 dist.init_process_group(cards.backend)
-rank, n = dist.get_rank(), dist.get_world_size()
+rank, world = dist.get_rank(), dist.get_world_size()
 device = cards.device(int(os.environ["LOCAL_RANK"]))
 if cards.kind == "cuda":
     torch.cuda.set_device(device)
@@ -19,7 +19,7 @@ sent = {"forward": 0, "backward": 0}
 
 def shift(x: torch.Tensor, to: int, phase: str) -> torch.Tensor:   # to the rank `to` places on; from `to` back
     received = torch.empty_like(x)
-    ops = [dist.P2POp(dist.isend, x.contiguous(), (rank + to) % n), dist.P2POp(dist.irecv, received, (rank - to) % n)]
+    ops = [dist.P2POp(dist.isend, x.contiguous(), (rank + to) % world), dist.P2POp(dist.irecv, received, (rank - to) % world)]
     for op in dist.batch_isend_irecv(ops):
         op.wait()
     sent[phase] += x.nbytes
@@ -38,16 +38,16 @@ torch.manual_seed(0)  # the whole sequence and the gradient of the output, the s
 q, k, v, grad_out = (torch.randn(HEADS, T, HEAD_DIM, dtype=torch.float64) for _ in range(4))
 results = {}
 for layout in ("consecutive", "balanced"):
-    chunks = chunk_positions(rank, n, T, balanced=layout == "balanced")
+    chunks = chunk_positions(rank, world, T, balanced=layout == "balanced")
     mine = torch.cat(chunks)
     my_q, my_k, my_v = (t[:, mine].to(device).requires_grad_() for t in (q, k, v))
     sent.update(forward=0, backward=0)
     kv, work = torch.cat([my_k, my_v]), 0                 # keys and values travel together, as one message
     outs, lses = [None] * len(chunks), [None] * len(chunks)
-    for step in range(n):
+    for step in range(world):
         if step:
-            kv = RingShift.apply(kv)                      # now holding the block of rank (rank - step) mod n
-        their = chunk_positions((rank - step) % n, n, T, balanced=layout == "balanced")
+            kv = RingShift.apply(kv)                      # now holding the block of rank (rank - step) mod world
+        their = chunk_positions((rank - step) % world, world, T, balanced=layout == "balanced")
         k_blocks, v_blocks = (t.split([len(c) for c in their], dim=1) for t in kv.chunk(2))
         for i, (q_pos, q_part) in enumerate(zip(chunks, my_q.split([len(c) for c in chunks], dim=1))):
             for k_pos, k_part, v_part in zip(their, k_blocks, v_blocks):

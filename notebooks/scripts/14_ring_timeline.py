@@ -14,7 +14,7 @@ from fourcard_helpers.ring import attend, chunk_positions, merge
 T, HEADS, HEAD_DIM = 4096, 4, 16
 cards = detect(int(os.environ["WORLD_SIZE"]))
 dist.init_process_group(cards.backend)
-rank, n = dist.get_rank(), dist.get_world_size()
+rank, world = dist.get_rank(), dist.get_world_size()
 device = cards.device(int(os.environ["LOCAL_RANK"]))
 if cards.kind == "cuda":
     torch.cuda.set_device(device)
@@ -24,7 +24,7 @@ timelines = {"overlapped": {}, "compute, then send": {}}
 runs = [("overlapped", "consecutive"), ("overlapped", "balanced")]   # the first two warm up; the last four count
 for schedule, layout in runs + [(s, l) for s in timelines for l in ("consecutive", "balanced")]:
     overlap = schedule == "overlapped"
-    chunks = chunk_positions(rank, n, T, balanced=layout == "balanced")
+    chunks = chunk_positions(rank, world, T, balanced=layout == "balanced")
     mine = torch.cat(chunks)
     my_q, kv = q[:, mine].to(device), torch.cat([k[:, mine], v[:, mine]]).to(device)
     outs, lses, events = [None] * len(chunks), [None] * len(chunks), []
@@ -32,13 +32,13 @@ for schedule, layout in runs + [(s, l) for s in timelines for l in ("consecutive
     start = time.perf_counter()
     now = lambda: (torch.cuda.current_stream().synchronize() if cards.kind == "cuda" else None,   # the arithmetic's
                    time.perf_counter() - start)[1]                                            # stream, not the transfer's
-    for step in range(n):
+    for step in range(world):
         incoming = torch.empty_like(kv)
-        send = lambda: dist.batch_isend_irecv([dist.P2POp(dist.isend, kv, (rank + 1) % n),
-                                               dist.P2POp(dist.irecv, incoming, (rank - 1) % n)])
-        if step < n - 1 and overlap:                      # post the transfer first, then compute while it runs
+        send = lambda: dist.batch_isend_irecv([dist.P2POp(dist.isend, kv, (rank + 1) % world),
+                                               dist.P2POp(dist.irecv, incoming, (rank - 1) % world)])
+        if step < world - 1 and overlap:                  # post the transfer first, then compute while it runs
             transfer = send()
-        their = chunk_positions((rank - step) % n, n, T, balanced=layout == "balanced")
+        their = chunk_positions((rank - step) % world, world, T, balanced=layout == "balanced")
         k_blocks, v_blocks = (t.split([len(c) for c in their], dim=1) for t in kv.chunk(2))
         began = now()
         for i, (q_pos, q_part) in enumerate(zip(chunks, my_q.split([len(c) for c in chunks], dim=1))):
@@ -47,7 +47,7 @@ for schedule, layout in runs + [(s, l) for s in timelines for l in ("consecutive
                     out, lse = attend(q_part, k_part, v_part, q_pos.to(device), k_pos.to(device))
                     outs[i], lses[i] = merge(outs[i], lses[i], out, lse)
         events.append(("compute", began, now()))
-        if step < n - 1:
+        if step < world - 1:
             waited = now()
             for work in (transfer if overlap else send()):   # the baseline sends only now, its arithmetic done
                 work.wait()

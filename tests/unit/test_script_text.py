@@ -65,9 +65,9 @@ def test_every_script_that_joins_a_group_leaves_it_then_skips_pythons_teardown()
 
 
 # Lesson 00's set-up, line for line from the choice of cards to the device (a comment after a line, or a line of
-# comment between, is the script's own; the group may be given a timeout; from lesson 12 on, where a job may span
-# machines, the cards counted are the node's own, LOCAL_WORLD_SIZE, the same number on one machine), and the
-# scripts that join a group another way on purpose.
+# comment between, is the script's own; the group may be given a timeout; the cards counted may be the node's own,
+# LOCAL_WORLD_SIZE, as lesson 12's scripts count them for a job that may span machines, the same number on one),
+# after `import torch`; and the scripts that join a group another way on purpose.
 SET_UP = (r'cards = detect\(int\(os\.environ\["(LOCAL_)?WORLD_SIZE"\]\)\)',
           r'dist\.init_process_group\(cards\.backend(, timeout=[\w.]+\(\w+=\d+\))?\)',
           r'rank, world = dist\.get_rank\(\), dist\.get_world_size\(\)',
@@ -76,7 +76,7 @@ SET_UP = (r'cards = detect\(int\(os\.environ\["(LOCAL_)?WORLD_SIZE"\]\)\)',
           r'    torch\.cuda\.set_device\(device\)')
 ANOTHER_SET_UP = {
     "00_how_a_rank_ends.py": "gloo on every machine: the threads gloo starts are what the script shows",
-    "12_ddp_any_layout.py": "several nodes: a node's own cards, counted from LOCAL_WORLD_SIZE",
+    "12_ddp_any_layout.py": "it prints torchrun's variables for every layout of nodes, so it reads them into one dict first",
     "train_any.py": "the template also runs as plain `python`, as a group of one",
 }
 
@@ -86,7 +86,7 @@ def set_up_as_lesson_00(text: str) -> bool:
     code = [line.split("  #")[0].rstrip() for line in text.splitlines()
             if line.strip() and not line.lstrip().startswith("#")]
     starts = [index for index, line in enumerate(code) if line.startswith("cards = detect(")]
-    return len(starts) == 1 and len(code) >= starts[0] + len(SET_UP) and all(
+    return "import torch" in code and len(starts) == 1 and len(code) >= starts[0] + len(SET_UP) and all(
         re.fullmatch(pattern, line) for pattern, line in zip(SET_UP, code[starts[0]:]))
 
 
@@ -101,6 +101,7 @@ def test_every_script_that_joins_a_group_sets_up_as_lesson_00_teaches() -> None:
                     'rank = dist.get_rank()\ndevice = cards.device(int(os.environ["LOCAL_RANK"]))\n',
                     'rank, world = dist.get_rank(), dist.get_world_size()\n'):  # the device left out
         assert rank_and_device in lesson_00 and not set_up_as_lesson_00(lesson_00.replace(rank_and_device, variant))
+    assert not set_up_as_lesson_00(lesson_00.replace("import torch\n", ""))  # the cuda branch would fail on a GPU
     assert set_up_as_lesson_00(lesson_00.replace("dist.init_process_group(cards.backend)",
                                                  "dist.init_process_group(cards.backend, timeout=timedelta(seconds=20))"))
     offenders = [path.name for path in sorted((NOTEBOOK_DIR / "scripts").glob("*.py"))
