@@ -193,7 +193,6 @@ def launch(exercise_file: str, path: Path, nproc: int, seconds: float, **paramet
         shutil.rmtree(folder, ignore_errors=True)
 
 
-
 def _one_wait(record: dict[str, Any]) -> str:
     from ..language import _
 

@@ -36,7 +36,7 @@ from typing import Any
 
 import pytest
 
-from fourcard_helpers.lifecycle import GRACE_SECONDS, stop
+from fourcard_helpers.lifecycle import GRACE_SECONDS, alive, descendants, stop
 from fourcard_helpers.rundir import RENAMED, RUN_DIR_ENV
 from helpers import (ACCOUNT, ANOTHER_ROUNDING, AS_NOBODY, BACKGROUND_THREADS, HOME, LEARNERS_HOME, LOCALE, LOCALE_NAME,
                      ONE_CORE, PLAIN_LAUNCHES, ROOT, SHARED_RUNS, TORCHRUN_CLOSE_SECONDS, launch_shipped_script, learners_machine, venv_for_nobody)
@@ -152,9 +152,11 @@ class BackgroundRuns:
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.side_by_side.shutdown(wait=False, cancel_futures=True)
         stop(list(_running), grace=KERNEL_SHUTDOWN_SECONDS, ask=signal.SIGINT)  # pytest's Ctrl-C: its kernel goes too
-        # torchrun passes SIGTERM on to its ranks; the launch then ends as on a timeout, and its own stop, in the
-        # background thread, kills what is left of its ranks
-        stop(list(PLAIN_LAUNCHES), grace=TORCHRUN_CLOSE_SECONDS + GRACE_SECONDS)
+        # torchrun passes SIGTERM on to its ranks and ends them; an agent killed after its grace leaves them behind
+        # (each rank is in a session of its own), so they are listed before the stop, as the launch's own stop does
+        agents = list(PLAIN_LAUNCHES)
+        ranks = descendants(agent.pid for agent in agents if agent.poll() is None)
+        stop(agents, lambda: [pid for pid in ranks if alive(pid)], grace=TORCHRUN_CLOSE_SECONDS + GRACE_SECONDS)
         shutil.rmtree(self.scratch, ignore_errors=True)
 
 

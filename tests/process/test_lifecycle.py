@@ -1,6 +1,7 @@
 """The one lifecycle (fourcard_helpers.lifecycle) with real processes, no torch: a tree's root stops
 when the kernel's end of the pipe closes, a process dies with its parent, and the stop sequence
-leaves nothing of a group that ignores SIGTERM nor of a straggler in a session of its own.
+asks with the signal it is given and leaves nothing of a group that ignores SIGTERM nor of a straggler
+in a session of its own.
 
 The launcher and the warm session are tested on these same paths with torchrun (test_launch.py,
 test_ranks.py, test_kernel.py); here each rule is checked by itself, in a second."""
@@ -119,6 +120,32 @@ def test_stop_takes_pids_of_processes_it_did_not_start_and_ends_one_that_ignores
         for proc in (polite, stubborn):
             proc.kill()
             proc.wait()
+
+
+def test_stop_asks_with_the_signal_it_is_given_the_whole_group_of_a_popen() -> None:
+    """A lesson's pytest tidies up on Ctrl-C (its kernel shut down), so the suite stops it with `ask=SIGINT`: the
+    signal reaches the Popen's group, its child too, and a process that ends on it is not killed."""
+    tidy = python("""
+        import signal, subprocess, sys, time
+        child = subprocess.Popen([sys.executable, "-c", "import time; print('child', flush=True); time.sleep(600)"],
+                                 stdout=subprocess.PIPE)  # in the root's group
+        assert child.stdout.readline() == b"child\\n"
+        try:
+            print("ready", flush=True)
+            time.sleep(600)
+        except KeyboardInterrupt:
+            print("tidied up, child", child.wait(timeout=30), flush=True)  # SIGINT reached it as well
+            sys.exit(0)
+    """)
+    root = subprocess.Popen(tidy, stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        assert root.stdout is not None and root.stdout.readline() == b"ready\n"
+        stop([root], grace=30.0, ask=signal.SIGINT)
+        assert root.wait(timeout=30) == 0  # it ended by itself on SIGINT, not by the SIGKILL after the grace
+        assert root.stdout.read() == f"tidied up, child {-signal.SIGINT}\n".encode()
+    finally:
+        quiet_kill(root.pid, signal.SIGKILL, group=True)
+        root.wait()
 
 
 def test_a_wait_for_readiness_fails_as_soon_as_a_process_it_needs_has_died() -> None:

@@ -141,11 +141,23 @@ def test_tests_and_benchmarks_import_the_course_variables_names() -> None:
     message's text, and torchrun's own variables are what a rank script reads (helpers.SCRIPT_VARIABLES)."""
     every_name = {value for name, value in vars(rundir).items() if name.endswith("_ENV")} | set(rundir.RENAMED.values())
     spelled = [f"{path.relative_to(REPOSITORY)}:{line}: {text!r}" for path in _tests_and_benchmarks()
-               for line, text in _code_strings(path)
-               if (text in every_name or re.fullmatch(r"FOURCARDS?_[A-Z_]+", text)) and text not in SCRIPT_VARIABLES]
+               for line, text in _code_strings(path) if _spells_a_name(text, every_name - SCRIPT_VARIABLES)]
     assert spelled == [], "import the name from fourcard_helpers.rundir:\n" + "\n".join(spelled)
-    # and the guard sees what it is for: a bare name in a test's string
-    assert "FOURCARDS_LANG" in every_name and re.fullmatch(r"FOURCARDS?_[A-Z_]+", "FOURCARD_DEVICE")
+    # and the guard sees what it is for: a bare name, and a name a rank script in a test's string reads
+    names = every_name - SCRIPT_VARIABLES
+    assert _spells_a_name("FOURCARDS_LANG", names) and _spells_a_name("FOURCARD_DEVICE", names)
+    assert _spells_a_name('\n    own = os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE")\n', names)
+    assert _spells_a_name("env = {'OMP_NUM_THREADS': '1'}", names) is False  # a dict's key in a longer text: data
+    assert not _spells_a_name("set FOURCARDS_DEVICE=cpu to use simulated cards", names)  # a learner's message
+
+
+def _spells_a_name(text: str, names: set[str]) -> bool:
+    """Whether a string is a variable's name alone (ours: FOURCARDS_/FOURCARD_ anything), or a script's text that
+    reads one of `names` from the environment: `environ[NAME]`, `environ.get(NAME`, `getenv(NAME`."""
+    if text in names or re.fullmatch(r"FOURCARDS?_[A-Z_]+", text):
+        return True
+    read = re.findall(r"(?:environ\[|environ\.get\(|getenv\()\s*['\"]([A-Z_]+)['\"]", text)
+    return any(name in names or name.startswith("FOURCARD") for name in read)
 
 
 def test_the_process_table_is_read_in_lifecycle_alone() -> None:
