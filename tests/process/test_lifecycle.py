@@ -127,7 +127,11 @@ def test_stop_asks_with_the_signal_it_is_given_the_whole_group_of_a_popen() -> N
     signal reaches the Popen's group, its child too, and a process that ends on it is not killed."""
     tidy = python("""
         import signal, subprocess, sys, time
-        child = subprocess.Popen([sys.executable, "-c", "import time; print('child', flush=True); time.sleep(600)"],
+        # Python turns SIGINT into KeyboardInterrupt unless it was started with SIGINT ignored (a suite run in the
+        # background with `&` or nohup): this process asks for Ctrl-C's handler, as a lesson's pytest has it
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        child = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGINT, "
+                                  "signal.default_int_handler); print('child', flush=True); time.sleep(600)"],
                                  stdout=subprocess.PIPE)  # in the root's group
         assert child.stdout.readline() == b"child\\n"
         try:

@@ -240,8 +240,8 @@ def test_an_ordinary_user_runs_the_cluster(tmp_path):
     started = subprocess.run([*cli, "up", "--dir", str(folder)], capture_output=True, text=True, cwd=ROOT)
     try:
         assert started.returncode == 0, started.stderr
-        conf = started.stdout.splitlines()[-1].removeprefix("export SLURM_CONF=")
-        ran = subprocess.run([*as_nobody, f"SLURM_CONF={conf}", "sbatch", "--wait", f"--chdir={home / 'job'}",
+        conf = started.stdout.splitlines()[-1].removeprefix(f"export {SLURM_CONF_ENV}=")
+        ran = subprocess.run([*as_nobody, f"{SLURM_CONF_ENV}={conf}", "sbatch", "--wait", f"--chdir={home / 'job'}",
                               f"--output={home / 'job' / 'out.txt'}", str(home / "job" / "job.sh")],
                              capture_output=True, text=True)
         assert ran.returncode == 0, ran.stderr

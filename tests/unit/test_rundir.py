@@ -137,8 +137,9 @@ def _tests_and_benchmarks() -> list[Path]:
 
 def test_tests_and_benchmarks_import_the_course_variables_names() -> None:
     """Where a test or a benchmark means a variable of the course, or one it sets for torch or Python, it takes the
-    name from rundir (a string that is the name alone). A sentence a learner reads that names a variable is the
-    message's text, and torchrun's own variables are what a rank script reads (helpers.SCRIPT_VARIABLES)."""
+    name from rundir: no string is the name alone, or a script's text that reads it from the environment. A
+    sentence a learner reads that names a variable is the message's text, and torchrun's own variables are what
+    a rank script reads (helpers.SCRIPT_VARIABLES)."""
     every_name = {value for name, value in vars(rundir).items() if name.endswith("_ENV")} | set(rundir.RENAMED.values())
     spelled = [f"{path.relative_to(REPOSITORY)}:{line}: {text!r}" for path in _tests_and_benchmarks()
                for line, text in _code_strings(path) if _spells_a_name(text, every_name - SCRIPT_VARIABLES)]

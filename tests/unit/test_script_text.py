@@ -67,7 +67,7 @@ def test_every_script_that_joins_a_group_leaves_it_then_skips_pythons_teardown()
 # Lesson 00's set-up, line for line from the choice of cards to the device (a comment after a line, or a line of
 # comment between, is the script's own; the group may be given a timeout; the cards counted may be the node's own,
 # LOCAL_WORLD_SIZE, as lesson 12's scripts count them for a job that may span machines, the same number on one),
-# after `import torch`; and the scripts that join a group another way on purpose.
+# in a script that imports torch; and the scripts that join a group another way on purpose.
 SET_UP = (r'cards = detect\(int\(os\.environ\["(LOCAL_)?WORLD_SIZE"\]\)\)',
           r'dist\.init_process_group\(cards\.backend(, timeout=[\w.]+\(\w+=\d+\))?\)',
           r'rank, world = dist\.get_rank\(\), dist\.get_world_size\(\)',
@@ -76,7 +76,7 @@ SET_UP = (r'cards = detect\(int\(os\.environ\["(LOCAL_)?WORLD_SIZE"\]\)\)',
           r'    torch\.cuda\.set_device\(device\)')
 ANOTHER_SET_UP = {
     "00_how_a_rank_ends.py": "gloo on every machine: the threads gloo starts are what the script shows",
-    "12_ddp_any_layout.py": "it prints torchrun's variables for every layout of nodes, so it reads them into one dict first",
+    "12_ddp_any_layout.py": "it reports torchrun's variables for every layout of nodes, so it reads them into one dict first",
     "train_any.py": "the template also runs as plain `python`, as a group of one",
 }
 
