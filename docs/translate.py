@@ -71,6 +71,7 @@ SHARED_WITH_ENGLISH += ("my_ddp.py", "my_buckets.py", "my_zero.py", "my_fsdp.py"
 SHARED_WITH_ENGLISH += ("my_ring_attention.py", "my_expert_dispatch.py")  # lesson 14's build exercises
 SHARED_WITH_ENGLISH += ("my_block_plan.py",)  # lesson 13's build exercise
 SHARED_WITH_ENGLISH += ("my_clip.py",)  # lesson 10's build exercise
+SHARED_WITH_ENGLISH += ("my_recipe.py",)  # lesson 13b's build exercise
 HEADER = {
     "Project-Id-Version": "Four Cards",
     "Language": "zh_CN",

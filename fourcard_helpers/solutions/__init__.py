@@ -9,10 +9,11 @@ from .ddp import BucketedDDP, OverlappedDDP
 from .experts import expert_dispatch
 from .pipeline import one_f_one_b
 from .plans import block_plan
+from .recipe import configure_optimizer
 from .ring import ring_all_reduce
 from .sharding import HandFSDP, ShardedOptimizer
 from .tensor_parallel import ColumnParallelLinear, CopyToShards, ReduceFromShards, RowParallelLinear
 
 __all__ = ["OverlappedDDP", "BucketedDDP", "ShardedOptimizer", "HandFSDP", "ring_all_reduce", "one_f_one_b",
            "CopyToShards", "ReduceFromShards", "ColumnParallelLinear", "RowParallelLinear",
-           "ring_attention", "expert_dispatch", "block_plan", "clip_sharded_grad_norm_"]
+           "ring_attention", "expert_dispatch", "block_plan", "clip_sharded_grad_norm_", "configure_optimizer"]

@@ -1,6 +1,6 @@
 """Lesson 13's GPT with DDP on four cards: each rank takes its quarter of the same batches of windows. Reports the
 first step's gradient and the weights after --steps AdamW steps in each of --dtypes, each rank's loss at every step,
-and DDP's buckets in one step under bf16 autocast; --save DIR keeps the model."""
+and DDP's buckets in one step under bf16 autocast."""
 import argparse
 import os
 
@@ -16,7 +16,6 @@ parser = argparse.ArgumentParser(description=__doc__)
 parser.add_argument("--steps", type=int, default=4)
 parser.add_argument("--batch", type=int, default=32, help="windows per step, all ranks together")
 parser.add_argument("--dtypes", default="float64,float32")
-parser.add_argument("--save", help="a folder: rank 0 writes the last model there, in bf16")
 args = parser.parse_args()
 cards = detect(int(os.environ["WORLD_SIZE"]))
 dist.init_process_group(cards.backend)
@@ -53,9 +52,6 @@ mixed.register_comm_hook(None, noted)
 with torch.autocast(device.type, dtype=torch.bfloat16):
     _, loss = mixed(x[mine].to(device), y[mine].to(device))
 loss.backward()
-if args.save and rank == 0:
-    os.makedirs(args.save, exist_ok=True)                     # bf16 halves the file; the tie is kept
-    torch.save(model.module.to("cpu", torch.bfloat16).state_dict(), os.path.join(args.save, "model.pt"))
 report(weights=weights if rank == 0 else None, gradients=gradients if rank == 0 else None, losses=losses,
        buckets=buckets, autocast_gradients=sorted({str(p.grad.dtype) for p in mixed.parameters()}))
 dist.destroy_process_group()

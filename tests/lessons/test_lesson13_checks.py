@@ -1,5 +1,6 @@
-"""Lesson 13's checks must judge what they claim: Exercise 1's accepts every correct top-k sampler, however it
-draws, and rejects the wrong ones. The lesson's own cells, executed here (no launch)."""
+"""Lessons 13's and 13b's checks must judge what they claim: 13b's Exercise 1 accepts every correct top-k sampler,
+however it draws, and rejects the wrong ones; 13's checks of a parallel run's gradient and of the measured bytes fail
+on the bugs they exist to catch. The lessons' own cells, executed here (no launch)."""
 from __future__ import annotations
 
 import math
@@ -12,21 +13,22 @@ from fourcard_helpers.gpt import GPT, GPTConfig, get_batch, poem_tokens
 from helpers import NOTEBOOKS, code_cell, definitions
 
 LESSON = next(p for p in NOTEBOOKS if p.stem == "13_gpt_on_four_cards")
+POET_LESSON = next(p for p in NOTEBOOKS if p.stem == "13b_training_the_poet")
 
 
 @pytest.fixture(scope="module")
 def check_top_k():
     _, chars = poem_tokens()
     poet = GPT(GPTConfig(vocab_size=len(chars))).double()
-    poet.load_state_dict(torch.load(LESSON.parent / "measured" / "13_poet" / "model.pt", weights_only=True))
+    poet.load_state_dict(torch.load(POET_LESSON.parent / "measured" / "13_poet" / "model.pt", weights_only=True))
     ns = {"math": math, "torch": torch, "check": check, "chars": chars, "poet_model": poet.eval()}
-    exec(definitions(code_cell(LESSON, "def check_top_k(")), ns)  # noqa: S102 - the check itself
+    exec(definitions(code_cell(POET_LESSON, "def check_top_k(")), ns)  # noqa: S102 - the check itself
     return ns["check_top_k"]
 
 
 def _reference():
     namespace = {"torch": torch}
-    exec(definitions(code_cell(LESSON, "%%solution\ndef top_k_next(").split("\n", 1)[1]), namespace)  # noqa: S102
+    exec(definitions(code_cell(POET_LESSON, "%%solution\ndef top_k_next(").split("\n", 1)[1]), namespace)  # noqa: S102
     return namespace["top_k_next"]
 
 
