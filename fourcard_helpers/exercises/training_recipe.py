@@ -47,14 +47,14 @@ def _groups(seen: dict[str, Any]) -> None:
     decayed = sorted(name for group in seen["groups"] for name in group["names"] if group["weight_decay"] > 0)
     norms = sorted(set(everything) - set(matrices))
     extra, lacking = sorted(set(decayed) - set(matrices)), sorted(set(matrices) - set(decayed))
-    default = seen["reference_weight_decay"]   # AdamW's default weight decay, which a group without the key gets
-    by_default = [name for group in seen["groups"] if group["weight_decay"] == default != 0.1
-                  and not set(group["names"]) & set(matrices) for name in group["names"]]
-    if extra and set(extra) <= set(by_default):
-        raise CheckFailed(_("the group of {names} has weight_decay={default:g}: that is AdamW's default, which a group "
-                            "gets when its dict gives no weight_decay. nanoGPT does not decay these: give their group "
-                            "\"weight_decay\": 0.0.").format(names=_listed(extra), default=default))
-    if extra and not lacking and set(extra) == set(norms):
+    default = seen["reference_weight_decay"]   # AdamW's default weight decay, which a group without the key may get
+    for group in seen["groups"]:   # a group of norms only, decayed: its weight decay came from somewhere
+        if group["weight_decay"] > 0 and group["names"] and not set(group["names"]) & set(matrices):
+            raise CheckFailed(_("the group of {names} has weight_decay={decay:g}. A group whose dict gives no "
+                                "weight_decay takes AdamW's own: its weight_decay argument, or the default, {default:g}. "
+                                "nanoGPT does not decay these: give their group \"weight_decay\": 0.0.").format(
+                names=_listed(group["names"]), decay=group["weight_decay"], default=default))
+    if extra and not lacking and set(extra) == set(norms) and len(seen["groups"]) == 1:
         raise CheckFailed(_("every parameter is decayed, the norms' scales and shifts too ({norms}): that is one "
                             "group for everything, as torchtitan's default AdamW has. nanoGPT decays only the "
                             "parameters of two or more dimensions: pulled towards zero, a norm's scale would shrink "

@@ -40,7 +40,10 @@ MISTAKES = {  # name: (the learner's file, what the check must say)
                 "AdamW was given amsgrad=True"),
     "the lesson's peak typed in": (mistake(SOLUTION, "lr=peak, betas", "lr=3e-3, betas"), "give AdamW lr=peak"),
     "the norms' group without weight_decay": (mistake(SOLUTION, '{"params": keep, "weight_decay": 0.0}', '{"params": keep}'),
-                                              "that is AdamW's default, which a group gets when its dict gives no"),
+                                              "has weight_decay=0.01. A group whose dict gives no weight_decay"),
+    "the norms' group given AdamW's own weight_decay": (
+        mistake(SOLUTION, GROUPS, '''    optimizer = torch.optim.AdamW([{"params": decay}, {"params": keep}], lr=peak, betas=(0.9, 0.95),
+                                  weight_decay=0.1)'''), "has weight_decay=0.1. A group whose dict gives no weight_decay"),
     "Adam's L2 weight decay": (mistake(SOLUTION, "torch.optim.AdamW(", "torch.optim.Adam("), "use torch.optim.AdamW"),
     "warm-up from 0": (mistake(SOLUTION, "return (step + 1) / (warmup + 1)", "return step / warmup"),
                        "The first step ran at a rate of 0"),
