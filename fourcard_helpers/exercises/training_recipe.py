@@ -79,6 +79,9 @@ def _groups(seen: dict[str, Any]) -> None:
 
 def _settings(seen: dict[str, Any]) -> None:
     """Raise CheckFailed if AdamW's betas, its peak rate or another setting that changes the arithmetic differs."""
+    if not all(group["betas"] for group in seen["groups"]):
+        raise CheckFailed(_("configure_optimizer built {optimizer}, an optimizer without Adam's betas: nanoGPT trains "
+                            "with torch.optim.AdamW.").format(optimizer=seen["optimizer"]))
     for group in seen["groups"]:
         if tuple(group["betas"]) != (0.9, 0.95):
             raise CheckFailed(_("AdamW's betas are {betas}, where nanoGPT uses (0.9, 0.95): pass betas=(0.9, 0.95) "
@@ -255,8 +258,9 @@ def _on_rank() -> None:
                                     if isinstance(returned, tuple) else type(returned).__name__)
             else:
                 optimizer, scheduler = returned
+                seen["optimizer"] = type(optimizer).__name__
                 seen["groups"] = [{"names": [named.get(id(p), "?") for p in group["params"]],
-                                   "weight_decay": group["weight_decay"], "betas": list(group["betas"]),
+                                   "weight_decay": group.get("weight_decay", 0.0), "betas": list(group.get("betas", ())),
                                    "initial_lr": float(group.get("initial_lr", group["lr"])),
                                    "settings": {key: group.get(key) for key in SETTINGS}}
                                   for group in optimizer.param_groups]

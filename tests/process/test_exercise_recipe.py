@@ -45,6 +45,8 @@ MISTAKES = {  # name: (the learner's file, what the check must say)
         mistake(SOLUTION, GROUPS, '''    optimizer = torch.optim.AdamW([{"params": decay}, {"params": keep}], lr=peak, betas=(0.9, 0.95),
                                   weight_decay=0.1)'''), "has weight_decay=0.1. A group whose dict gives no weight_decay"),
     "Adam's L2 weight decay": (mistake(SOLUTION, "torch.optim.AdamW(", "torch.optim.Adam("), "use torch.optim.AdamW"),
+    "SGD": (mistake(SOLUTION, GROUPS, '''    optimizer = torch.optim.SGD([{"params": decay, "weight_decay": 0.1}, {"params": keep, "weight_decay": 0.0}],
+                                lr=peak, momentum=0.9)'''), "configure_optimizer built SGD, an optimizer without Adam's betas"),
     "warm-up from 0": (mistake(SOLUTION, "return (step + 1) / (warmup + 1)", "return step / warmup"),
                        "The first step ran at a rate of 0"),
     "warm-up one step short": (mistake(SOLUTION, "return (step + 1) / (warmup + 1)", "return (step + 1) / warmup"),
